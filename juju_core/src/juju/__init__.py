@@ -1,0 +1,43 @@
+"""juju: run JAX programs as Modular MAX graphs.
+
+    import juju, jax.numpy as jnp
+
+    @juju.jit
+    def f(x, y):
+        return jnp.sin((x + y) ** 2)
+
+    f(5, 10).to_numpy()   # -0.93009484
+
+Lowering rules come from packs (`juju-ops-lax`, `juju-ops-nn`,
+`juju-kernels-mojo`, or your own) found through the `juju` entry point group;
+`python -m juju` lists them.
+"""
+
+from juju.context import LoweringContext
+from juju.engine import Engine, cpu_engine, gpu_engine
+from juju.errors import (
+    CompileError,
+    EngineUnavailableError,
+    JujuError,
+    LoweringError,
+    MissingRuleError,
+    PackLoadError,
+    RuleConflictError,
+    UnsupportedDtypeError,
+)
+from juju.hookspecs import hookimpl
+from juju.jit import Compiled, Lowered, compile_all, jit, make_max_graph
+from juju.lowering_helpers import lower_fun
+from juju.plugins import KernelLibrary
+from juju.primitive import Primitive
+from juju.registry import Priority, Registry, Rule, RuleSet, direct
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "jit", "make_max_graph", "compile_all", "Lowered", "Compiled", "Primitive",
+    "Engine", "cpu_engine", "gpu_engine", "LoweringContext", "Rule", "RuleSet",
+    "Registry", "Priority", "direct", "lower_fun", "hookimpl", "KernelLibrary",
+    "JujuError", "MissingRuleError", "LoweringError", "RuleConflictError",
+    "UnsupportedDtypeError", "EngineUnavailableError", "CompileError", "PackLoadError",
+]

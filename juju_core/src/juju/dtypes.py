@@ -1,0 +1,57 @@
+"""Mapping between JAX/numpy dtypes and MAX `DType`s."""
+
+from __future__ import annotations
+
+import numpy as np
+import ml_dtypes
+from max.dtype import DType
+
+from juju.errors import UnsupportedDtypeError
+
+_NUMPY_TO_MAX = {
+    np.dtype(np.bool_): DType.bool,
+    np.dtype(np.int8): DType.int8,
+    np.dtype(np.int16): DType.int16,
+    np.dtype(np.int32): DType.int32,
+    np.dtype(np.int64): DType.int64,
+    np.dtype(np.uint8): DType.uint8,
+    np.dtype(np.uint16): DType.uint16,
+    np.dtype(np.uint32): DType.uint32,
+    np.dtype(np.uint64): DType.uint64,
+    np.dtype(np.float16): DType.float16,
+    np.dtype(np.float32): DType.float32,
+    np.dtype(np.float64): DType.float64,
+    np.dtype(ml_dtypes.bfloat16): DType.bfloat16,
+    np.dtype(ml_dtypes.float8_e4m3fn): DType.float8_e4m3fn,
+    np.dtype(ml_dtypes.float8_e5m2): DType.float8_e5m2,
+    np.dtype(ml_dtypes.float8_e4m3fnuz): DType.float8_e4m3fnuz,
+    np.dtype(ml_dtypes.float8_e5m2fnuz): DType.float8_e5m2fnuz,
+}
+_MAX_TO_NUMPY = {v: k for k, v in _NUMPY_TO_MAX.items()}
+
+
+def max_dtype(dtype) -> DType:
+    """The MAX DType for a numpy/JAX dtype; a clear error when there is none."""
+    try:
+        return _NUMPY_TO_MAX[np.dtype(dtype)]
+    except (KeyError, TypeError):
+        pass
+    name = getattr(dtype, "name", str(dtype))
+    if np.issubdtype(np.dtype(dtype), np.complexfloating):
+        raise UnsupportedDtypeError(
+            f"dtype {name} is not supported: MAX graphs have no complex numbers. "
+            "Split the computation into real and imaginary parts (jnp.real / "
+            "jnp.imag) outside juju.jit, or run this part with jax.jit."
+        )
+    raise UnsupportedDtypeError(
+        f"dtype {name} has no MAX equivalent; supported dtypes: "
+        + ", ".join(sorted(str(d) for d in _NUMPY_TO_MAX))
+    )
+
+
+def numpy_dtype(dtype: DType) -> np.dtype:
+    """The numpy dtype for a MAX DType."""
+    try:
+        return _MAX_TO_NUMPY[dtype]
+    except KeyError:
+        raise UnsupportedDtypeError(f"MAX dtype {dtype} has no numpy equivalent") from None

@@ -1,0 +1,119 @@
+"""Engines: a MAX device plus the one inference session juju keeps for it.
+
+MAX aborts the process if two sessions with different options coexist, and
+loading a graph costs seconds, so sessions are shared process-wide, one per
+device, and every load goes through `Engine.load_all`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from juju.errors import CompileError, EngineUnavailableError
+
+log = logging.getLogger("juju")
+
+_sessions: dict[tuple[str, int], object] = {}
+_session_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Engine:
+    """Where juju runs graphs: `kind` is "cpu" or "gpu", `index` the device."""
+
+    kind: str = "cpu"
+    index: int = 0
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.kind, self.index)
+
+    @property
+    def device(self):
+        """The `max.driver.Device`."""
+        return _device(self.kind, self.index)
+
+    @property
+    def device_ref(self):
+        from max.graph import DeviceRef
+
+        return DeviceRef.CPU() if self.kind == "cpu" else DeviceRef.GPU(self.index)
+
+    @property
+    def session(self):
+        with _session_lock:
+            session = _sessions.get(self.key)
+            if session is None:
+                from max import engine
+
+                session = engine.InferenceSession(devices=[self.device])
+                _sessions[self.key] = session
+            return session
+
+    def load_all(self, module_or_graph, names: list[str], what: str) -> dict:
+        """Compile and load graphs into this engine's session.
+
+        Logs (logger "juju", INFO) what was compiled when it took over a
+        second. MAX's compile errors keep their real reason in the message.
+        """
+        start = time.perf_counter()
+        try:
+            models = self.session.load_all(module_or_graph)
+        except Exception as exc:
+            reason = _compile_reason(exc)
+            raise CompileError(
+                f"MAX failed to compile {what} for {self.kind}:{self.index}: {reason}"
+            ) from exc
+        elapsed = time.perf_counter() - start
+        if elapsed > 1.0:
+            log.info("juju: compiled %s in %.1f s", what, elapsed)
+        return models
+
+
+def _compile_reason(exc: BaseException) -> str:
+    parts = []
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = str(exc).strip()
+        if text and text not in parts:
+            parts.append(text)
+        exc = exc.__cause__ or exc.__context__
+    return " <- ".join(parts) or "unknown reason (see stderr)"
+
+
+_devices: dict[tuple[str, int], object] = {}
+
+
+def _device(kind: str, index: int):
+    key = (kind, index)
+    if key not in _devices:
+        from max import driver
+
+        if kind == "cpu":
+            _devices[key] = driver.CPU()
+        else:
+            count = driver.accelerator_count()
+            if count <= index:
+                raise EngineUnavailableError(
+                    f"gpu_engine({index}) needs a GPU, but MAX sees {count} accelerator(s) "
+                    "on this machine. Use cpu_engine(), or run on a machine with a "
+                    "supported NVIDIA/AMD GPU."
+                )
+            _devices[key] = driver.Accelerator(index)
+    return _devices[key]
+
+
+def cpu_engine() -> Engine:
+    """The host CPU."""
+    return Engine("cpu", 0)
+
+
+def gpu_engine(index: int = 0) -> Engine:
+    """GPU number `index`; raises EngineUnavailableError when there is none."""
+    engine = Engine("gpu", index)
+    engine.device  # fail now, not at the first call
+    return engine

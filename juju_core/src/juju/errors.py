@@ -1,0 +1,103 @@
+"""Every error juju raises on purpose derives from `JujuError`.
+
+Messages name what is wrong and what to do next; errors raised while lowering
+chain the original exception as their `__cause__`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class JujuError(Exception):
+    """Base class of juju's own errors."""
+
+
+@dataclass(frozen=True)
+class MissingRule:
+    """One equation that no installed pack can lower."""
+
+    primitive: str
+    equation: str
+    source: str
+    hint: str
+
+    def describe(self) -> str:
+        return (
+            f"  - primitive '{self.primitive}' at {self.source}\n"
+            f"      equation: {self.equation}\n"
+            f"      {self.hint}"
+        )
+
+
+class MissingRuleError(JujuError, NotImplementedError):
+    """Raised before any graph is built when equations have no lowering rule.
+
+    Lists every gap at once (sub-jaxprs included), each with its primitive,
+    equation, user source line and the pack that could provide it.
+    """
+
+    def __init__(self, missing: list[MissingRule], installed_packs: list[str]):
+        self.missing = missing
+        self.installed_packs = installed_packs
+        primitives = sorted({m.primitive for m in missing})
+        lines = [
+            f"juju cannot lower {len(missing)} equation(s): no rule for "
+            + ", ".join(f"'{p}'" for p in primitives)
+            + "."
+        ]
+        lines += [m.describe() for m in missing]
+        lines.append(
+            "Installed packs: " + (", ".join(installed_packs) or "none")
+            + ". Run `python -m juju` to see them, install the pack named above, "
+            "or register a rule for the primitive (see docs/writing-a-pack.md)."
+        )
+        super().__init__("\n".join(lines))
+
+    def __reduce__(self):
+        return (type(self), (self.missing, self.installed_packs))
+
+
+class LoweringError(JujuError):
+    """A rule raised, or returned values of the wrong shape or dtype.
+
+    The original exception is the `__cause__`.
+    """
+
+    @classmethod
+    def at(cls, eqn, rule, problem: str | None = None) -> LoweringError:
+        from juju._compat import equation_text, source_line
+
+        where = source_line(eqn)
+        supplier = f"{rule.pack} {rule.pack_version}" if rule is not None else "?"
+        rule_name = getattr(rule.fn, "__qualname__", repr(rule.fn)) if rule else "?"
+        text = (
+            f"lowering '{eqn.primitive.name}' at {where} failed"
+            + (f": {problem}" if problem else "")
+            + f"\n  equation: {equation_text(eqn)}"
+            + f"\n  rule: {rule_name} (from pack {supplier})"
+        )
+        err = cls(text)
+        err.primitive = eqn.primitive.name
+        err.source = where
+        return err
+
+
+class RuleConflictError(JujuError):
+    """Two packs registered rules for one primitive at the same priority."""
+
+
+class UnsupportedDtypeError(JujuError, TypeError):
+    """A value's dtype has no MAX equivalent (e.g. complex numbers)."""
+
+
+class EngineUnavailableError(JujuError, RuntimeError):
+    """The requested device (e.g. a GPU) is not present on this machine."""
+
+
+class CompileError(JujuError, RuntimeError):
+    """MAX failed to compile a lowered graph; the reason is in the message."""
+
+
+class PackLoadError(JujuError, ImportError):
+    """A pack's entry point failed to import; other packs still load."""

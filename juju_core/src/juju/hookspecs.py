@@ -1,0 +1,42 @@
+"""The hooks a juju pack implements.
+
+A pack is a module (or object) with functions marked `@juju.hookimpl`,
+advertised through one entry point in the group `juju`::
+
+    [project.entry-points.juju]
+    mypack = "mypack.plugin"
+
+Every hook name starts with `juju_`. Packs are loaded on first use of juju
+(`JUJU_PLUGINS` and `JUJU_BLOCK_PLUGINS` choose which; see `juju.plugins`).
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("juju")
+hookimpl = pluggy.HookimplMarker("juju")
+
+
+@hookspec
+def juju_rules():
+    """Return the lowering rules this pack provides.
+
+    Returns an iterable whose items are `juju.Rule` objects or `juju.RuleSet`s
+    (a `RuleSet` is itself an iterable of rules). Called once each time the
+    registry is built: on first use of juju, and again after
+    `juju.plugins.reload()`. juju records the pack's name and version on every
+    rule it returns; a rule's `priority` decides between packs (see
+    `juju.Priority`). Must not build MAX graphs or compile anything.
+    """
+
+
+@hookspec
+def juju_kernel_libraries():
+    """Return the Mojo kernel libraries this pack provides.
+
+    Returns an iterable of `juju.KernelLibrary`. A rule that needs a library
+    names it in `Rule.requires`; juju then adds the library's compiled
+    `.mojoc` to every graph that uses the rule, calling `KernelLibrary.path()`
+    (which may build the library) only then. Called with `juju_rules`.
+    """

@@ -1,0 +1,184 @@
+"""The interpreter: one loop that lowers a Jaxpr to MAX values, rule by rule.
+
+Higher-order rules (calls, control flow) re-enter this loop through
+`ctx.lower`. The only other walk over equations is `find_missing_rules`, a
+pre-pass that reports every gap at once before any graph is built.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+from max.graph import DeviceRef, Graph, TensorType
+
+from juju import dtypes
+from juju._compat import ClosedJaxpr, Literal, equation_text, source_line, sub_jaxprs_of_params
+from juju.context import LoweringContext, constant
+from juju.errors import LoweringError, MissingRule, MissingRuleError
+from juju.registry import Registry
+
+
+def lower_jaxpr(jaxpr, *args, consts=None, registry: Registry, device: DeviceRef) -> list:
+    """Lower `jaxpr` (open or closed) applied to MAX values `args`."""
+    if isinstance(jaxpr, ClosedJaxpr):
+        jaxpr, consts = jaxpr.jaxpr, jaxpr.consts
+    consts = consts or ()
+    if len(args) != len(jaxpr.invars) or len(consts) != len(jaxpr.constvars):
+        raise ValueError(
+            f"jaxpr takes {len(jaxpr.invars)} args and {len(jaxpr.constvars)} consts, "
+            f"got {len(args)} and {len(consts)}"
+        )
+    env: dict = {}
+
+    def read(atom):
+        if isinstance(atom, Literal):
+            return constant(np.asarray(atom.val, dtype=atom.aval.dtype), device)
+        return env[atom]
+
+    for var, value in zip(jaxpr.constvars, consts):
+        env[var] = value if _is_max_value(value) else constant(np.asarray(value), device)
+    env.update(zip(jaxpr.invars, args))
+    lower = partial(lower_jaxpr, registry=registry, device=device)
+
+    for eqn in jaxpr.eqns:
+        ctx = LoweringContext(
+            eqn=eqn,
+            avals_in=tuple(v.aval for v in eqn.invars),
+            avals_out=tuple(v.aval for v in eqn.outvars),
+            device=device,
+            lower=lower,
+        )
+        rule = registry.select(ctx)
+        if rule is None:
+            raise _missing_error([eqn], registry)
+        try:
+            result = rule.fn(ctx, *map(read, eqn.invars), **eqn.params)
+        except LoweringError as inner:
+            # Already names the innermost failing equation; add where it sits.
+            inner.add_note(f"  inside '{eqn.primitive.name}' at {source_line(eqn)}")
+            raise
+        except MissingRuleError:
+            raise
+        except Exception as exc:
+            raise LoweringError.at(eqn, rule, f"{type(exc).__name__}: {exc}") from exc
+        outs = list(result) if eqn.primitive.multiple_results else [result]
+        _check_outputs(ctx, rule, outs)
+        env.update(zip(eqn.outvars, outs))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _is_max_value(value) -> bool:
+    return hasattr(value, "type") and hasattr(value, "dtype") and not isinstance(value, np.ndarray)
+
+
+def _check_outputs(ctx, rule, outs) -> None:
+    """A rule that returns the wrong shape or dtype fails at its own equation."""
+    if len(outs) != len(ctx.avals_out):
+        raise LoweringError.at(
+            ctx.eqn, rule, f"rule returned {len(outs)} values, expected {len(ctx.avals_out)}"
+        )
+    for i, (value, aval) in enumerate(zip(outs, ctx.avals_out)):
+        try:
+            shape = tuple(int(d) for d in value.shape)
+        except (TypeError, ValueError):  # symbolic dims: checked by MAX itself
+            shape = tuple(aval.shape)
+        expected_dtype = dtypes.max_dtype(aval.dtype)
+        if shape != tuple(aval.shape) or value.dtype != expected_dtype:
+            raise LoweringError.at(
+                ctx.eqn,
+                rule,
+                f"output {i} is {value.dtype}{list(shape)} but the equation expects "
+                f"{expected_dtype}{list(aval.shape)}",
+            )
+
+
+# --- the pre-pass -----------------------------------------------------------
+
+
+def find_missing_rules(jaxpr, registry: Registry, device: DeviceRef) -> tuple[list, set]:
+    """All equations (sub-jaxprs included) without a rule, and the kernel
+    libraries the selected rules require."""
+    missing, required = [], set()
+
+    def visit(jaxpr):
+        for eqn in jaxpr.eqns:
+            ctx = LoweringContext(
+                eqn,
+                tuple(v.aval for v in eqn.invars),
+                tuple(v.aval for v in eqn.outvars),
+                device,
+                None,
+            )
+            rule = registry.select(ctx)
+            if rule is None:
+                missing.append(eqn)
+            else:
+                required.update(rule.requires)
+            for sub in sub_jaxprs_of_params(eqn.params):
+                visit(sub)
+
+    visit(jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr)
+    return missing, required
+
+
+def _missing_error(eqns, registry: Registry) -> MissingRuleError:
+    from juju._hints import provider_hint
+
+    packs = [f"{p.name} {p.version}" for p in registry.packs if p.loaded]
+    return MissingRuleError(
+        [
+            MissingRule(
+                primitive=e.primitive.name,
+                equation=equation_text(e),
+                source=source_line(e),
+                hint=provider_hint(e.primitive.name, registry),
+            )
+            for e in eqns
+        ],
+        packs,
+    )
+
+
+def check_rules(closed_jaxpr, registry: Registry, device: DeviceRef) -> set[str]:
+    """Raise one MissingRuleError listing every gap; return required libraries."""
+    missing, required = find_missing_rules(closed_jaxpr, registry, device)
+    if missing:
+        raise _missing_error(missing, registry)
+    return required
+
+
+# --- graphs -----------------------------------------------------------------
+
+
+def build_graph(
+    closed_jaxpr,
+    *,
+    name: str,
+    registry: Registry,
+    device: DeviceRef,
+    kernel_paths=(),
+    module=None,
+    input_shapes=None,
+) -> Graph:
+    """A MAX graph computing `closed_jaxpr` (whose rules were checked).
+
+    `input_shapes` may replace the static input shapes by symbolic ones.
+    """
+    in_avals = [v.aval for v in closed_jaxpr.jaxpr.invars]
+    shapes = input_shapes or [a.shape for a in in_avals]
+    input_types = [
+        TensorType(dtypes.max_dtype(a.dtype), shape, device=device)
+        for a, shape in zip(in_avals, shapes)
+    ]
+    graph = Graph(
+        name,
+        input_types=input_types,
+        custom_extensions=list(kernel_paths),
+        **({"module": module} if module is not None else {}),
+    )
+    with graph:
+        args = [value.tensor for value in graph.inputs]
+        outs = lower_jaxpr(closed_jaxpr, *args, registry=registry, device=device)
+        graph.output(*outs)
+    return graph

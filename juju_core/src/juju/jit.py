@@ -1,0 +1,357 @@
+"""`juju.jit`: trace once per signature, lower to MAX, compile once, run fast.
+
+The cache key holds everything that changes the compiled graph: the pytree
+structure, each leaf's shape, dtype and weak type, static argument values, the
+engine and the registry generation. A hit neither re-traces nor re-lowers.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from jax import tree_util
+
+from juju import plugins
+from juju._compat import canonical_dtype, is_tracer, python_scalar_dtype
+from juju.engine import Engine, cpu_engine
+from juju.errors import JujuError
+from juju.interpreter import build_graph, check_rules
+
+_graph_ids = itertools.count()
+
+
+# --- leaves: signature and conversion to MAX buffers -------------------------
+
+
+def _signature(leaf) -> tuple:
+    """(shape, dtype, weak_type) as jax.jit would see this argument."""
+    kind = type(leaf)
+    if kind is np.ndarray:
+        return (leaf.shape, canonical_dtype(leaf.dtype), False)
+    if kind in (int, float, bool, complex):
+        return ((), python_scalar_dtype(leaf), True)
+    if isinstance(leaf, jax.Array):
+        return (leaf.shape, leaf.dtype, leaf.weak_type)
+    if isinstance(leaf, np.generic):
+        return ((), canonical_dtype(leaf.dtype), False)
+    if _is_buffer(leaf):
+        from juju.dtypes import numpy_dtype
+
+        return (tuple(leaf.shape), numpy_dtype(leaf.dtype), False)
+    raise TypeError(
+        f"juju.jit: argument of type {kind.__name__} is not an array; pass arrays, "
+        "Python scalars or MAX buffers, or mark the argument static with "
+        "static_argnums/static_argnames."
+    )
+
+
+def _is_buffer(value) -> bool:
+    from max.driver import Buffer
+
+    return isinstance(value, Buffer)
+
+
+def _to_buffer(leaf, dtype, device):
+    from max.driver import Buffer
+
+    if isinstance(leaf, Buffer):
+        return leaf if leaf.device == device else leaf.to(device)
+    if isinstance(leaf, jax.Array):
+        try:
+            buffer = Buffer.from_dlpack(leaf)
+        except Exception:  # e.g. dtypes DLPack cannot carry: go through numpy
+            buffer = Buffer.from_numpy(np.ascontiguousarray(np.asarray(leaf)).reshape(leaf.shape))
+    else:
+        array = np.asarray(leaf)
+        if array.dtype != dtype:
+            array = array.astype(dtype)
+        if not (array.flags.c_contiguous and array.flags.writeable):
+            array = np.array(array, order="C")  # keeps 0-d arrays 0-d
+        buffer = Buffer.from_numpy(array)
+    return buffer if device is None or buffer.device == device else buffer.to(device)
+
+
+# --- the compiled executable -------------------------------------------------
+
+
+class Executable:
+    """A loaded MAX model plus how to feed it and rebuild the output pytree."""
+
+    def __init__(self, model, in_dtypes, out_tree, coerces_to_jnp, device):
+        self.model = model
+        self.in_dtypes = in_dtypes
+        self.out_tree = out_tree
+        self.coerces_to_jnp = coerces_to_jnp
+        self.device = device
+
+    def run(self, leaves):
+        device = self.device
+        buffers = [_to_buffer(x, d, device) for x, d in zip(leaves, self.in_dtypes)]
+        outs = self.model.execute(*buffers)
+        if self.coerces_to_jnp:
+            outs = [jax.numpy.from_dlpack(o) for o in outs]
+        return tree_util.tree_unflatten(self.out_tree, outs)
+
+
+@dataclass
+class Lowered:
+    """A function traced and checked for one signature; the graph is built on
+    demand. `as_text()` shows the MAX graph, `compile()` loads it."""
+
+    jit_function: "JitFunction"
+    key: tuple
+    closed_jaxpr: Any
+    out_tree: Any
+    in_dtypes: list
+    kernel_names: frozenset
+    name: str
+
+    def build_graph(self, module=None):
+        registry = plugins.registry()
+        paths = [plugins.kernel_library(n).path() for n in sorted(self.kernel_names)]
+        return build_graph(
+            self.closed_jaxpr,
+            name=self.name,
+            registry=registry,
+            device=self.jit_function.engine.device_ref,
+            kernel_paths=paths,
+            module=module,
+        )
+
+    @functools.cached_property
+    def graph(self):
+        return self.build_graph()
+
+    def as_text(self) -> str:
+        return str(self.graph)
+
+    def compile(self) -> "Compiled":
+        return compile_all([self])[0]
+
+
+class Compiled:
+    """A loaded model for one signature; call it with the same arguments."""
+
+    def __init__(self, lowered: Lowered, executable: Executable):
+        self.lowered = lowered
+        self.executable = executable
+
+    def __call__(self, *args, **kwargs):
+        return self.lowered.jit_function(*args, **kwargs)
+
+    def as_text(self) -> str:
+        return self.lowered.as_text()
+
+
+def compile_all(lowered: Sequence[Lowered]) -> list[Compiled]:
+    """Compile many lowered functions in one MAX compilation.
+
+    MAX's cost is mostly per compilation, not per graph: compiling N graphs
+    together costs little more than one. Each result is also placed in its
+    function's jit cache, so later calls with the same signature hit.
+    """
+    from max.graph import Module
+
+    pending = [low for low in lowered if low.key not in low.jit_function._cache]
+    by_engine: dict[Engine, list[Lowered]] = {}
+    for low in pending:
+        by_engine.setdefault(low.jit_function.engine, []).append(low)
+    for engine, group in by_engine.items():
+        module = Module()
+        for low in group:
+            low.build_graph(module=module)
+        what = ", ".join(low.name for low in group[:4]) + (" ..." if len(group) > 4 else "")
+        models = engine.load_all(module, [low.name for low in group], what)
+        for low in group:
+            fn = low.jit_function
+            fn._cache[low.key] = Executable(
+                models[low.name], low.in_dtypes, low.out_tree, fn.coerces_to_jnp, engine.device
+            )
+    return [Compiled(low, low.jit_function._cache[low.key]) for low in lowered]
+
+
+# --- jit ---------------------------------------------------------------------
+
+
+class JitFunction:
+    """The callable `juju.jit(f)` returns."""
+
+    def __init__(self, fun, static_argnums, static_argnames, coerces_to_jnp, engine):
+        self.fun = fun
+        self.coerces_to_jnp = coerces_to_jnp
+        self.engine = engine if engine is not None else cpu_engine()
+        self.static_argnums, self.static_argnames = _resolve_statics(
+            fun, static_argnums, static_argnames
+        )
+        self._cache: dict[tuple, Executable] = {}
+        self._lowered: dict[tuple, Lowered] = {}
+        self.trace_count = 0
+        functools.update_wrapper(self, fun)
+
+    def __repr__(self):
+        return f"juju.jit({getattr(self.fun, '__qualname__', self.fun)})"
+
+    def __get__(self, obj, objtype=None):  # support methods
+        return self if obj is None else functools.partial(self, obj)
+
+    def _split(self, args, kwargs):
+        statics = []
+        dyn_args = []
+        for i, a in enumerate(args):
+            if i in self.static_argnums:
+                statics.append((i, a))
+            else:
+                dyn_args.append(a)
+        dyn_kwargs = {}
+        for k, v in kwargs.items():
+            if k in self.static_argnames:
+                statics.append((k, v))
+            else:
+                dyn_kwargs[k] = v
+        statics = tuple(statics)
+        try:
+            hash(statics)
+        except TypeError as exc:
+            raise TypeError(
+                f"juju.jit({self.__name__}): static arguments must be hashable, got "
+                f"{[type(v).__name__ for _, v in statics]}"
+            ) from exc
+        return tuple(dyn_args), dyn_kwargs, statics
+
+    def __call__(self, *args, **kwargs):
+        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
+        leaves, treedef = tree_util.tree_flatten((dyn_args, dyn_kwargs))
+        if any(is_tracer(x) for x in leaves):
+            # Under a JAX transformation (or juju's own tracing): trace through.
+            return self.fun(*args, **kwargs)
+        key = (treedef, statics, tuple(map(_signature, leaves)), plugins.generation())
+        executable = self._cache.get(key)
+        if executable is None:
+            self._lower(key, dyn_args, dyn_kwargs, statics, treedef).compile()
+            executable = self._cache[key]
+        return executable.run(leaves)
+
+    def lower(self, *args, **kwargs) -> Lowered:
+        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
+        leaves, treedef = tree_util.tree_flatten((dyn_args, dyn_kwargs))
+        key = (treedef, statics, tuple(map(_signature, leaves)), plugins.generation())
+        return self._lower(key, dyn_args, dyn_kwargs, statics, treedef)
+
+    def _lower(self, key, dyn_args, dyn_kwargs, statics, treedef) -> Lowered:
+        lowered = self._lowered.get(key)
+        if lowered is not None:
+            return lowered
+        _, _, signatures, _ = key
+        avals = [jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in signatures]
+        out_tree_box = []
+        static_positional = {i: v for i, v in statics if isinstance(i, int)}
+        static_keywords = {k: v for k, v in statics if isinstance(k, str)}
+
+        def flat_fun(*flat):
+            a, kw = tree_util.tree_unflatten(treedef, flat)
+            positional = list(a)
+            for i in sorted(static_positional):
+                positional.insert(i, static_positional[i])
+            out = self.fun(*positional, **kw, **static_keywords)
+            out_leaves, out_tree = tree_util.tree_flatten(out)
+            out_tree_box.append(out_tree)
+            return out_leaves
+
+        self.trace_count += 1
+        closed = jax.make_jaxpr(flat_fun)(*avals)
+        registry = plugins.registry()
+        required = check_rules(closed, registry, self.engine.device_ref)
+        lowered = Lowered(
+            jit_function=self,
+            key=key,
+            closed_jaxpr=closed,
+            out_tree=out_tree_box[-1],
+            in_dtypes=[d for _, d, _ in signatures],
+            kernel_names=frozenset(required),
+            name=_graph_name(self.fun),
+        )
+        self._lowered[key] = lowered
+        return lowered
+
+    def clear_cache(self):
+        self._cache.clear()
+        self._lowered.clear()
+
+
+def _graph_name(fun) -> str:
+    base = re.sub(r"\W", "_", getattr(fun, "__name__", "fn")) or "fn"
+    return f"{base}_{next(_graph_ids)}"
+
+
+def _resolve_statics(fun, static_argnums, static_argnames):
+    if isinstance(static_argnums, int):
+        static_argnums = (static_argnums,)
+    if isinstance(static_argnames, str):
+        static_argnames = (static_argnames,)
+    nums, names = set(static_argnums or ()), set(static_argnames or ())
+    try:
+        params = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    positional = [
+        p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    resolved = set()
+    for n in nums:
+        if n < 0:
+            if not positional:
+                raise ValueError("negative static_argnums need an inspectable signature")
+            n += len(positional)
+        resolved.add(n)
+        if 0 <= n < len(positional) and positional[n].kind is not positional[n].POSITIONAL_ONLY:
+            names.add(positional[n].name)
+    for i, p in enumerate(positional):
+        if p.name in names:
+            resolved.add(i)
+    return frozenset(resolved), frozenset(names)
+
+
+def jit(
+    f: Callable | None = None,
+    *,
+    static_argnums: int | Sequence[int] = (),
+    static_argnames: str | Sequence[str] = (),
+    coerces_to_jnp: bool = False,
+    engine: Engine | None = None,
+):
+    """Compile `f` with MAX. Usable as `@jit` or `@jit(static_argnums=...)`.
+
+    Returns MAX buffers (`.to_numpy()`), or jax arrays with `coerces_to_jnp`.
+    The engine defaults to `cpu_engine()`.
+    """
+    if f is None:
+        return functools.partial(
+            jit,
+            static_argnums=static_argnums,
+            static_argnames=static_argnames,
+            coerces_to_jnp=coerces_to_jnp,
+            engine=engine,
+        )
+    if not callable(f):
+        raise TypeError(f"juju.jit expects a callable, got {type(f).__name__}")
+    return JitFunction(f, static_argnums, static_argnames, coerces_to_jnp, engine)
+
+
+def make_max_graph(f: Callable, *, engine: Engine | None = None, **jit_kwargs):
+    """`make_max_graph(f)(*args)` returns the MAX graph (print it for its text)."""
+
+    @functools.wraps(f)
+    def build(*args, **kwargs):
+        return jit(f, engine=engine, **jit_kwargs).lower(*args, **kwargs).graph
+
+    return build
+
+
+__all__ = ["jit", "make_max_graph", "compile_all", "JitFunction", "Lowered", "Compiled", "JujuError"]

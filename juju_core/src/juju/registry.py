@@ -1,0 +1,184 @@
+"""Rules, rule sets (what a pack builds) and the registry (what the loop asks).
+
+Selection is deterministic: rules for a primitive are tried in descending
+priority; the first whose guard accepts the equation wins. Two packs that
+register the same primitive at the same priority are an error when the
+registry is built, never a matter of install order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from enum import IntEnum
+from typing import Callable, Iterable, Mapping
+
+from juju.errors import RuleConflictError
+
+
+class Priority(IntEnum):
+    """Where a rule stands when several can lower the same primitive."""
+
+    GENERIC = 0  # structural rules and juju-ops-lax
+    FUSED = 100  # pattern-level rules onto MAX's fused ops (juju-ops-nn)
+    KERNEL = 200  # hand-written kernels (juju-kernels-mojo)
+    USER = 300  # juju.Primitive rules defined by the user
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A lowering rule: `fn(ctx, *operands, **params)` returns MAX value(s).
+
+    `guard(ctx) -> bool` (pure, on avals and params) narrows when the rule
+    applies. `requires` names kernel libraries the lowering needs in the graph.
+    `pack`/`pack_version` record who supplied it; the registry fills them in.
+    """
+
+    primitive: object
+    fn: Callable
+    priority: int = Priority.GENERIC
+    guard: Callable | None = None
+    requires: tuple[str, ...] = ()
+    pack: str = "unregistered"
+    pack_version: str = "0"
+
+    @property
+    def name(self) -> str:
+        return getattr(self.fn, "__qualname__", repr(self.fn))
+
+    def describe(self) -> str:
+        guard = f" if {getattr(self.guard, '__qualname__', 'guard')}" if self.guard else ""
+        return f"{self.name} [{self.pack} {self.pack_version}, priority {int(self.priority)}{guard}]"
+
+
+class RuleSet:
+    """A collection of rules a pack returns from its `juju_rules` hook."""
+
+    def __init__(self, rules: Iterable[Rule] = ()):
+        self._rules: list[Rule] = list(rules)
+
+    def __iter__(self):
+        return iter(self._rules)
+
+    def __len__(self):
+        return len(self._rules)
+
+    def add(self, rule: Rule) -> Rule:
+        self._rules.append(rule)
+        return rule
+
+    def register(
+        self,
+        *primitives,
+        priority: int = Priority.GENERIC,
+        guard: Callable | None = None,
+        requires: tuple[str, ...] = (),
+    ):
+        """Decorator: `@rules.register(lax.sin_p)` over `lower_sin(ctx, x, **params)`."""
+
+        def decorate(fn):
+            for primitive in primitives:
+                self.add(Rule(primitive, fn, priority, guard, tuple(requires)))
+            return fn
+
+        return decorate
+
+    def elementwise(self, table: Mapping, *, priority: int = Priority.GENERIC):
+        """Register 1:1 rules from `{primitive: max_op}`."""
+        for primitive, op in table.items():
+            self.add(Rule(primitive, direct(op), priority))
+
+
+# Params that elementwise primitives carry without changing their result on MAX.
+_NEUTRAL_PARAMS = {"accuracy": None}
+
+
+def direct(op: Callable) -> Callable:
+    """A rule applying a MAX op to the operands; rejects semantic params."""
+
+    def lower_direct(ctx, *operands, **params):
+        for name, value in params.items():
+            if name not in _NEUTRAL_PARAMS or value != _NEUTRAL_PARAMS[name]:
+                raise NotImplementedError(
+                    f"{ctx.primitive.name}: parameter {name}={value!r} is not supported"
+                )
+        return op(*operands)
+
+    lower_direct.__qualname__ = f"direct({getattr(op, '__name__', op)})"
+    return lower_direct
+
+
+class Registry:
+    """The rules of all loaded packs, indexed by primitive."""
+
+    def __init__(self, rules: Iterable[Rule], packs: Iterable = ()):
+        by_primitive: dict[object, list[Rule]] = defaultdict(list)
+        for rule in rules:
+            by_primitive[rule.primitive].append(rule)
+        self._rules = {
+            prim: tuple(sorted(found, key=lambda r: -r.priority))  # stable sort
+            for prim, found in by_primitive.items()
+        }
+        self.packs = list(packs)
+        _check_conflicts(self._rules)
+        self.fingerprint = _fingerprint(self._rules)
+
+    def rules_for(self, primitive) -> tuple[Rule, ...]:
+        return self._rules.get(primitive, ())
+
+    def primitives(self) -> list:
+        return list(self._rules)
+
+    def all_rules(self) -> list[Rule]:
+        return [r for rules in self._rules.values() for r in rules]
+
+    def select(self, ctx) -> Rule | None:
+        """The winning rule for the equation in `ctx`, or None."""
+        for rule in self._rules.get(ctx.eqn.primitive, ()):
+            if rule.guard is None or rule.guard(ctx):
+                return rule
+        return None
+
+    def with_provenance(self) -> dict[str, list[Rule]]:
+        by_pack: dict[str, list[Rule]] = defaultdict(list)
+        for rule in self.all_rules():
+            by_pack[rule.pack].append(rule)
+        return dict(by_pack)
+
+
+def stamp(rules: Iterable[Rule], pack: str, version: str) -> list[Rule]:
+    """Rules with their provenance filled in."""
+    return [replace(r, pack=pack, pack_version=version) for r in rules]
+
+
+def _check_conflicts(rules: Mapping[object, tuple[Rule, ...]]) -> None:
+    for prim, found in rules.items():
+        by_priority: dict[int, list[Rule]] = defaultdict(list)
+        for rule in found:
+            by_priority[int(rule.priority)].append(rule)
+        for priority, same in by_priority.items():
+            packs = sorted({r.pack for r in same})
+            if len(packs) > 1:
+                raise RuleConflictError(
+                    f"packs {' and '.join(repr(p) for p in packs)} both register a rule "
+                    f"for primitive '{prim.name}' at priority {priority}: "
+                    + "; ".join(r.describe() for r in same)
+                    + ". Keep one of them with JUJU_PLUGINS=<packs to load>, block one "
+                    "with JUJU_BLOCK_PLUGINS=<pack>, or give one a different priority."
+                )
+            unguarded = [r for r in same if r.guard is None]
+            if len(unguarded) > 1:
+                raise RuleConflictError(
+                    f"pack '{packs[0]}' registers {len(unguarded)} unguarded rules for "
+                    f"primitive '{prim.name}' at priority {priority}: "
+                    + "; ".join(r.describe() for r in unguarded)
+                )
+
+
+def _fingerprint(rules: Mapping[object, tuple[Rule, ...]]) -> str:
+    digest = hashlib.sha256()
+    for prim in sorted(rules, key=lambda p: (p.name, id(p))):
+        for r in rules[prim]:
+            digest.update(f"{prim.name}|{r.pack}|{r.pack_version}|{r.priority}|{r.name};".encode())
+    return digest.hexdigest()[:16]

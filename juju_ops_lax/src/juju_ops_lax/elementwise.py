@@ -1,0 +1,312 @@
+"""Elementwise lax primitives, with XLA's semantics where MAX's differ.
+
+Differences handled here: MAX's `max`/`min` drop NaNs (XLA propagates them),
+integer `div` in MAX is floor/float division (XLA truncates, and defines
+x/0 = -1), MAX's float->int cast wraps (XLA saturates and maps NaN to 0),
+and MAX's float->bool cast treats NaN as False (XLA: NaN != 0).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from jax import lax
+from max.graph import ops
+
+from juju import RuleSet, lower_fun
+from juju._compat import primitives as P
+from juju_ops_lax._util import is_bool, is_float, is_signed_int, is_unsigned_int, scalar
+
+rules = RuleSet()
+
+rules.elementwise(
+    {
+        P.add_p: ops.add,
+        P.add_jaxvals_p: ops.add,
+        P.sub_p: ops.sub,
+        P.neg_p: ops.negate,
+        P.exp_p: ops.exp,
+        P.log_p: ops.log,
+        P.log1p_p: ops.log1p,
+        P.sqrt_p: ops.sqrt,
+        P.rsqrt_p: ops.rsqrt,
+        P.sin_p: ops.sin,
+        P.cos_p: ops.cos,
+        P.tanh_p: ops.tanh,
+        P.floor_p: ops.floor,
+        P.ceil_p: ops.ceil,
+        P.logistic_p: ops.sigmoid,
+        P.erf_p: ops.erf,
+        P.atanh_p: ops.atanh,
+        P.acos_p: ops.acos,
+        P.eq_p: ops.equal,
+        P.ne_p: ops.not_equal,
+        P.gt_p: ops.greater,
+        P.ge_p: ops.greater_equal,
+    }
+)
+
+
+@rules.register(P.lt_p)
+def lower_lt(ctx, x, y):
+    return ops.greater(y, x)
+
+
+@rules.register(P.le_p)
+def lower_le(ctx, x, y):
+    return ops.greater_equal(y, x)
+
+
+@rules.register(P.abs_p)
+def lower_abs(ctx, x):
+    if is_unsigned_int(ctx.avals_in[0].dtype):
+        return x
+    return ops.abs(x)
+
+
+@rules.register(P.mul_p)
+def lower_mul(ctx, x, y, *, out_dtype=None):
+    result = ops.mul(x, y)
+    if out_dtype is not None and np.dtype(out_dtype) != np.dtype(ctx.avals_in[0].dtype):
+        result = ops.cast(result, ctx.max_dtype(out_dtype))
+    return result
+
+
+@rules.register(P.square_p)
+def lower_square(ctx, x):
+    return ops.mul(x, x)
+
+
+# --- division and remainder ----------------------------------------------------
+
+
+def _safe_int_divisor(ctx, y):
+    """y with 0 and -1 replaced by 1: both trap (SIGFPE) in hardware division."""
+    dtype = ctx.avals_in[1].dtype
+    one = scalar(ctx, 1, dtype)
+    bad = ops.equal(y, scalar(ctx, 0, dtype))
+    if is_signed_int(dtype):
+        bad = ops.logical_or(bad, ops.equal(y, scalar(ctx, -1, dtype)))
+    return ops.where(bad, one, y)
+
+
+def _trunc_div(ctx, x, y):
+    """Integer division rounding toward zero (y has no 0 or -1)."""
+    dtype = ctx.avals_in[0].dtype
+    q = ops.floor_div(x, y)
+    if not is_signed_int(dtype):
+        return q
+    zero = scalar(ctx, 0, dtype)
+    inexact = ops.not_equal(ops.mul(q, y), x)
+    signs_differ = ops.not_equal(ops.greater(zero, x), ops.greater(zero, y))
+    return ops.where(ops.logical_and(inexact, signs_differ), ops.add(q, scalar(ctx, 1, dtype)), q)
+
+
+@rules.register(P.div_p)
+def lower_div(ctx, x, y):
+    dtype = ctx.avals_in[0].dtype
+    if is_float(dtype):
+        return ops.div(x, y)
+    safe = _safe_int_divisor(ctx, y)
+    q = _trunc_div(ctx, x, safe)
+    if is_signed_int(dtype):  # x / -1 == -x, wrapping INT_MIN like XLA
+        q = ops.where(ops.equal(y, scalar(ctx, -1, dtype)), ops.negate(x), q)
+    all_ones = scalar(ctx, -1 if is_signed_int(dtype) else np.iinfo(dtype).max, dtype)
+    return ops.where(ops.equal(y, scalar(ctx, 0, dtype)), all_ones, q)
+
+
+@rules.register(P.rem_p)
+def lower_rem(ctx, x, y):
+    dtype = ctx.avals_in[0].dtype
+    if is_float(dtype):
+        # MAX's mod has the divisor's sign (Python); lax.rem has the dividend's.
+        r = ops.mod(x, y)
+        zero = scalar(ctx, 0, dtype)
+        wrong_sign = ops.logical_and(
+            ops.not_equal(r, zero), ops.not_equal(ops.greater(zero, r), ops.greater(zero, x))
+        )
+        return ops.where(wrong_sign, ops.sub(r, y), r)
+    safe = _safe_int_divisor(ctx, y)
+    r = ops.sub(x, ops.mul(_trunc_div(ctx, x, safe), safe))
+    if is_signed_int(dtype):
+        r = ops.where(ops.equal(y, scalar(ctx, -1, dtype)), scalar(ctx, 0, dtype), r)
+    return ops.where(ops.equal(y, scalar(ctx, 0, dtype)), x, r)
+
+
+# --- max / min with NaN propagation ------------------------------------------
+
+
+def _nan_propagating(op):
+    def lower(ctx, x, y):
+        result = op(x, y)
+        if not is_float(ctx.avals_in[0].dtype):
+            return result
+        either_nan = ops.logical_or(ops.is_nan(x), ops.is_nan(y))
+        nan = scalar(ctx, np.nan, ctx.avals_out[0].dtype)
+        return ops.where(either_nan, nan, result)
+
+    lower.__qualname__ = f"lower_{op.__name__}"
+    return lower
+
+
+rules.register(P.max_p)(_nan_propagating(ops.max))
+rules.register(P.min_p)(_nan_propagating(ops.min))
+
+
+@rules.register(P.clamp_p)
+def lower_clamp(ctx, lo, x, hi):
+    clamp = _nan_propagating(ops.min)(ctx, _nan_propagating(ops.max)(ctx, x, lo), hi)
+    return ops.broadcast_to(clamp, ctx.aval_out.shape)
+
+
+# --- powers --------------------------------------------------------------------
+
+
+@rules.register(P.integer_pow_p)
+def lower_integer_pow(ctx, x, *, y):
+    dtype = ctx.avals_in[0].dtype
+    if y == 0:
+        return ops.broadcast_to(scalar(ctx, 1, dtype), x.shape)
+    acc, base, n = None, x, abs(y)
+    while n:  # exponentiation by squaring, exact for integers
+        if n & 1:
+            acc = base if acc is None else ops.mul(acc, base)
+        n >>= 1
+        if n:
+            base = ops.mul(base, base)
+    if y < 0:
+        acc = ops.div(scalar(ctx, 1, dtype), acc)
+    return acc
+
+
+@rules.register(P.pow_p)
+def lower_pow(ctx, x, y):
+    x_dtype, y_dtype = ctx.avals_in[0].dtype, ctx.avals_in[1].dtype
+    if np.dtype(x_dtype) != np.dtype(y_dtype):
+        y = ops.cast(y, ctx.max_dtype(x_dtype))
+    return ops.pow(x, y)
+
+
+@rules.register(P.exp2_p)
+def lower_exp2(ctx, x, *, accuracy=None):
+    return ops.exp(ops.mul(x, scalar(ctx, math.log(2.0), ctx.avals_in[0].dtype)))
+
+
+# --- sign, rounding ------------------------------------------------------------
+
+
+@rules.register(P.sign_p)
+def lower_sign(ctx, x):
+    dtype = ctx.avals_in[0].dtype
+    one, zero = scalar(ctx, 1, dtype), scalar(ctx, 0, dtype)
+    if is_unsigned_int(dtype):
+        return ops.where(ops.greater(x, zero), one, ops.broadcast_to(zero, x.shape))
+    neg_one = scalar(ctx, -1, dtype)
+    # Keeps x where it is neither >0 nor <0: zeros (with their sign) and NaN.
+    return ops.where(ops.greater(x, zero), one, ops.where(ops.greater(zero, x), neg_one, x))
+
+
+@rules.register(P.round_p)
+def lower_round(ctx, x, *, rounding_method):
+    if int(rounding_method) == int(lax.RoundingMethod.TO_NEAREST_EVEN):
+        return ops.round(x)
+    dtype = ctx.avals_in[0].dtype
+    truncated = ops.trunc(x)
+    away = ops.greater_equal(ops.abs(ops.sub(x, truncated)), scalar(ctx, 0.5, dtype))
+    return ops.where(away, ops.add(truncated, lower_sign(ctx, x)), truncated)
+
+
+@rules.register(P.is_finite_p)
+def lower_is_finite(ctx, x):
+    return ops.logical_not(ops.logical_or(ops.is_nan(x), ops.is_inf(x)))
+
+
+@rules.register(P.tan_p)
+def lower_tan(ctx, x, *, accuracy=None):
+    return ops.div(ops.sin(x), ops.cos(x))
+
+
+@rules.register(P.expm1_p)
+def lower_expm1(ctx, x, *, accuracy=None):
+    # Kahan: (u - 1) * x / log(u) is accurate where exp(x) - 1 cancels.
+    dtype = ctx.avals_in[0].dtype
+    u = ops.exp(x)
+    one = scalar(ctx, 1, dtype)
+    um1 = ops.sub(u, one)
+    accurate = ops.div(ops.mul(um1, x), ops.log(u))
+    result = ops.where(ops.equal(u, one), x, accurate)
+    result = ops.where(ops.equal(um1, scalar(ctx, -1, dtype)), um1, result)
+    return ops.where(ops.is_inf(u), u, result)
+
+
+# --- logic -----------------------------------------------------------------------
+
+
+def _bool_only(ctx):
+    return is_bool(ctx.avals_in[0].dtype)
+
+
+rules.register(P.and_p, guard=_bool_only)(lambda ctx, x, y: ops.logical_and(x, y))
+rules.register(P.or_p, guard=_bool_only)(lambda ctx, x, y: ops.logical_or(x, y))
+rules.register(P.xor_p, guard=_bool_only)(lambda ctx, x, y: ops.logical_xor(x, y))
+
+
+@rules.register(P.not_p)
+def lower_not(ctx, x):
+    dtype = ctx.avals_in[0].dtype
+    if is_bool(dtype):
+        return ops.logical_not(x)
+    if is_signed_int(dtype):  # two's complement: ~x == -x - 1
+        return ops.sub(ops.negate(x), scalar(ctx, 1, dtype))
+    return ops.sub(scalar(ctx, np.iinfo(dtype).max, dtype), x)
+
+
+@rules.register(P.select_n_p)
+def lower_select_n(ctx, which, *cases):
+    shape = ctx.aval_out.shape
+    if len(cases) == 1:
+        return ops.broadcast_to(cases[0], shape)
+    which_dtype = ctx.avals_in[0].dtype
+    if is_bool(which_dtype):
+        return ops.broadcast_to(ops.where(which, cases[1], cases[0]), shape)
+    result = cases[-1]
+    for i in range(len(cases) - 2, -1, -1):
+        result = ops.where(ops.equal(which, scalar(ctx, i, which_dtype)), cases[i], result)
+    return ops.broadcast_to(result, shape)
+
+
+# --- conversions ---------------------------------------------------------------
+
+
+@rules.register(P.convert_element_type_p)
+def lower_convert_element_type(ctx, x, *, new_dtype, weak_type, sharding):
+    src, dst = np.dtype(ctx.avals_in[0].dtype), np.dtype(new_dtype)
+    if src == dst:
+        return x
+    if is_bool(dst):  # NaN converts to True, as x != 0
+        return ops.not_equal(x, scalar(ctx, 0, src))
+    if is_float(src) and not is_float(dst) and not is_bool(dst):
+        return _float_to_int(ctx, x, src, dst)
+    return ops.cast(x, ctx.max_dtype(dst))
+
+
+def _float_to_int(ctx, x, src, dst):
+    """Saturating, truncating float->int with NaN -> 0 (XLA's convert)."""
+    info = np.iinfo(dst)
+    # The bounds as floats: powers of two, so exact in every float type.
+    upper = float(2 ** (info.bits - 1 if info.min < 0 else info.bits))
+    zero_f = scalar(ctx, 0, src)
+    x = ops.where(ops.is_nan(x), zero_f, x)
+    too_big = ops.greater_equal(x, scalar(ctx, upper, src))
+    lower_bound = float(info.min) if info.min < 0 else 0.0
+    too_small = ops.greater(scalar(ctx, lower_bound, src), x)
+    in_range = ops.where(ops.logical_or(too_big, too_small), zero_f, x)
+    result = ops.cast(in_range, ctx.max_dtype(dst))
+    result = ops.where(too_big, scalar(ctx, info.max, dst), result)
+    return ops.where(too_small, scalar(ctx, info.min, dst), result)
+
+
+rules.register(P.cbrt_p)(
+    lower_fun(lambda x, accuracy=None: lax.sign(x) * lax.pow(lax.abs(x), lax.full_like(x, 1 / 3)))
+)

@@ -1,0 +1,10 @@
+"""Entry point of the lax pack."""
+
+import juju
+
+from juju_ops_lax import dot, elementwise, reductions, shape
+
+
+@juju.hookimpl
+def juju_rules():
+    return [elementwise.rules, shape.rules, reductions.rules, dot.rules]

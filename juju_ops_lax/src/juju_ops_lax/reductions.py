@@ -1,0 +1,93 @@
+"""Reductions: sum, prod, max, min, and/or, argmax/argmin."""
+
+from __future__ import annotations
+
+import numpy as np
+from max.graph import ops
+
+from juju import RuleSet
+from juju._compat import primitives as P
+from juju_ops_lax._util import is_bool, is_float, scalar
+
+rules = RuleSet()
+
+
+def _reduce(op, ctx, x, axes):
+    """Reduce `axes` one at a time (MAX keeps each as size 1), then drop them."""
+    if not axes:
+        return x
+    for axis in sorted(axes):
+        x = op(x, axis=axis)
+    return ops.reshape(x, list(ctx.aval_out.shape))
+
+
+@rules.register(P.reduce_sum_p)
+def lower_reduce_sum(ctx, x, *, axes, out_sharding=None):
+    if is_bool(ctx.avals_in[0].dtype):
+        raise NotImplementedError("reduce_sum of bool")
+    return _reduce(ops.sum, ctx, x, axes)
+
+
+@rules.register(P.reduce_prod_p)
+def lower_reduce_prod(ctx, x, *, axes, out_sharding=None):
+    return _reduce(ops.prod, ctx, x, axes)
+
+
+def _nan_aware(op):
+    """XLA's max/min reductions return NaN if any element is NaN."""
+
+    def lower(ctx, x, *, axes, out_sharding=None):
+        dtype = ctx.avals_in[0].dtype
+        if is_bool(dtype):  # max of bools is any, min is all
+            as_int = ops.cast(x, ctx.max_dtype(np.int32))
+            return ops.cast(_reduce(op, ctx, as_int, axes), ctx.max_dtype(np.bool_))
+        result = _reduce(op, ctx, x, axes)
+        if not is_float(dtype) or not axes:
+            return result
+        nan_mask = ops.cast(ops.is_nan(x), ctx.max_dtype(np.int32))
+        any_nan = ops.greater(_reduce(ops.max, ctx, nan_mask, axes), scalar(ctx, 0, np.int32))
+        return ops.where(any_nan, scalar(ctx, np.nan, dtype), result)
+
+    lower.__qualname__ = f"lower_reduce_{op.__name__}"
+    return lower
+
+
+rules.register(P.reduce_max_p)(_nan_aware(ops.max))
+rules.register(P.reduce_min_p)(_nan_aware(ops.min))
+
+
+@rules.register(P.reduce_or_p)
+def lower_reduce_or(ctx, x, *, axes):
+    as_int = ops.cast(x, ctx.max_dtype(np.int32))
+    return ops.cast(_reduce(ops.max, ctx, as_int, axes), ctx.max_dtype(np.bool_))
+
+
+@rules.register(P.reduce_and_p)
+def lower_reduce_and(ctx, x, *, axes):
+    as_int = ops.cast(x, ctx.max_dtype(np.int32))
+    return ops.cast(_reduce(ops.min, ctx, as_int, axes), ctx.max_dtype(np.bool_))
+
+
+def _arg_reduce(op, name):
+    def lower(ctx, x, *, axes, index_dtype):
+        (axis,) = axes
+        dtype = ctx.avals_in[0].dtype
+        if is_bool(dtype):
+            x = ops.cast(x, ctx.max_dtype(np.int32))
+        elif is_float(dtype):
+            # XLA treats NaN as the extreme value: the first NaN wins.
+            nan = ops.is_nan(x)
+            nan_index = ops.argmax(ops.cast(nan, ctx.max_dtype(np.int32)), axis=axis)
+            index = op(x, axis=axis)
+            any_nan = ops.max(ops.cast(nan, ctx.max_dtype(np.int32)), axis=axis)
+            index = ops.where(ops.greater(any_nan, scalar(ctx, 0, np.int32)), nan_index, index)
+            return ops.reshape(ops.cast(index, ctx.max_dtype(index_dtype)), list(ctx.aval_out.shape))
+        index = op(x, axis=axis)
+        return ops.reshape(ops.cast(index, ctx.max_dtype(index_dtype)), list(ctx.aval_out.shape))
+
+    lower.__qualname__ = f"lower_{name}"
+    return lower
+
+
+rules.register(P.argmax_p)(_arg_reduce(ops.argmax, "argmax"))
+rules.register(P.argmin_p)(_arg_reduce(ops.argmin, "argmin"))

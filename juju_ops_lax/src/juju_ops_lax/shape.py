@@ -1,0 +1,80 @@
+"""Shape primitives: broadcast, reshape, transpose, slice, concatenate, iota."""
+
+from __future__ import annotations
+
+import numpy as np
+from max.graph import ops
+
+from juju import RuleSet
+from juju._compat import primitives as P
+from juju_ops_lax._util import reject
+
+rules = RuleSet()
+
+
+@rules.register(P.broadcast_in_dim_p)
+def lower_broadcast_in_dim(ctx, x, *dyn_shape, shape, broadcast_dimensions, sharding):
+    if dyn_shape:
+        reject(ctx, dynamic_shape=dyn_shape)
+    operand_shape = ctx.avals_in[0].shape
+    # Put the operand's dims at their target positions, size 1 elsewhere.
+    expanded = [1] * len(shape)
+    for src, dst in enumerate(broadcast_dimensions):
+        expanded[dst] = operand_shape[src]
+    if tuple(expanded) != tuple(operand_shape):
+        x = ops.reshape(x, expanded)
+    if tuple(expanded) == tuple(shape):
+        return x
+    return ops.broadcast_to(x, shape)
+
+
+@rules.register(P.reshape_p)
+def lower_reshape(ctx, x, *dyn_shape, new_sizes, dimensions, sharding):
+    if dimensions is not None:
+        x = ops.permute(x, list(dimensions))
+    return ops.reshape(x, list(new_sizes))
+
+
+@rules.register(P.squeeze_p)
+def lower_squeeze(ctx, x, *, dimensions):
+    return ops.reshape(x, list(ctx.aval_out.shape))
+
+
+@rules.register(P.transpose_p)
+def lower_transpose(ctx, x, *, permutation):
+    if tuple(permutation) == tuple(range(len(permutation))):
+        return x
+    return ops.permute(x, list(permutation))
+
+
+@rules.register(P.concatenate_p)
+def lower_concatenate(ctx, *xs, dimension):
+    nonempty = [x for x, a in zip(xs, ctx.avals_in) if a.shape[dimension] != 0]
+    if len(nonempty) == 1:
+        return nonempty[0]
+    return ops.concat(nonempty or xs[:1], axis=dimension)
+
+
+@rules.register(P.slice_p)
+def lower_slice(ctx, x, *, start_indices, limit_indices, strides):
+    strides = strides or (1,) * len(start_indices)
+    index = [slice(int(s), int(e), int(k)) for s, e, k in zip(start_indices, limit_indices, strides)]
+    return ops.slice_tensor(x, index)
+
+
+@rules.register(P.rev_p)
+def lower_rev(ctx, x, *, dimensions):
+    shape = ctx.avals_in[0].shape
+    index = [slice(None, None, -1) if d in dimensions else slice(None) for d in range(len(shape))]
+    return ops.slice_tensor(x, index)
+
+
+@rules.register(P.iota_p)
+def lower_iota(ctx, *dyn_shape, dtype, shape, dimension, sharding):
+    if dyn_shape:
+        reject(ctx, dynamic_shape=dyn_shape)
+    n = shape[dimension]
+    line = ctx.constant(np.arange(n), dtype)
+    expanded = [1] * len(shape)
+    expanded[dimension] = n
+    return ops.broadcast_to(ops.reshape(line, expanded), list(shape))
