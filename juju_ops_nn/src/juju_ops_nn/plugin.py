@@ -1,0 +1,10 @@
+"""Entry point of the nn pack."""
+
+import juju
+
+from juju_ops_nn import conv
+
+
+@juju.hookimpl
+def juju_rules():
+    return [conv.rules]
