@@ -53,8 +53,8 @@ class Engine:
                 _sessions[self.key] = session
             return session
 
-    def load_all(self, module_or_graph, names: list[str], what: str) -> dict:
-        """Compile and load graphs into this engine's session.
+    def load_all(self, module_or_graph, what: str) -> list:
+        """Compile and load graphs into this engine's session, in module order.
 
         Logs (logger "juju", INFO) what was compiled when it took over a
         second. MAX's compile errors keep their real reason in the message.
@@ -70,7 +70,7 @@ class Engine:
         elapsed = time.perf_counter() - start
         if elapsed > 1.0:
             log.info("juju: compiled %s in %.1f s", what, elapsed)
-        return models
+        return list(models.values())
 
 
 def _compile_reason(exc: BaseException) -> str:

@@ -168,11 +168,13 @@ def compile_all(lowered: Sequence[Lowered]) -> list[Compiled]:
         for low in group:
             low.build_graph(module=module)
         what = ", ".join(low.name for low in group[:4]) + (" ..." if len(group) > 4 else "")
-        models = engine.load_all(module, [low.name for low in group], what)
-        for low in group:
+        models = engine.load_all(module, what)
+        # By position: MAX's disk cache may return a model under the name of
+        # the first graph it compiled with the same content.
+        for low, model in zip(group, models, strict=True):
             fn = low.jit_function
             fn._cache[low.key] = Executable(
-                models[low.name], low.in_dtypes, low.out_tree, fn.coerces_to_jnp, engine.device
+                model, low.in_dtypes, low.out_tree, fn.coerces_to_jnp, engine.device
             )
     return [Compiled(low, low.jit_function._cache[low.key]) for low in lowered]
 
