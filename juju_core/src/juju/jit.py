@@ -173,6 +173,7 @@ def compile_all(lowered: Sequence[Lowered]) -> list[Compiled]:
         # the first graph it compiled with the same content.
         for low, model in zip(group, models, strict=True):
             fn = low.jit_function
+            fn.compile_count += 1
             fn._cache[low.key] = Executable(
                 model, low.in_dtypes, low.out_tree, fn.coerces_to_jnp, engine.device
             )
@@ -194,7 +195,8 @@ class JitFunction:
         )
         self._cache: dict[tuple, Executable] = {}
         self._lowered: dict[tuple, Lowered] = {}
-        self.trace_count = 0
+        self.trace_count = 0  # times traced to a Jaxpr (once per new signature)
+        self.compile_count = 0  # executables loaded for this function
         functools.update_wrapper(self, fun)
 
     def __repr__(self):

@@ -1,0 +1,176 @@
+"""Packs: entry-point discovery, provenance, priorities, guards, conflicts,
+JUJU_PLUGINS / JUJU_BLOCK_PLUGINS filtering, broken packs, the CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.extend.core import Primitive
+from max.graph import ops
+
+import juju
+from juju import plugins
+from juju._compat import primitives as P
+from tests.util import assert_same
+
+juju_testpack = pytest.importorskip("juju_testpack", reason="dev.py installs tests/packs/juju_testpack")
+
+
+@pytest.fixture
+def clean_registry():
+    """Undo in-process packs a test registers."""
+    yield
+    for name in ("conflicting", "broken", "guarded", "broken_import"):
+        plugins.unregister_pack(name)
+    plugins.reload()
+
+
+def run_cli(*args, **env):
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("JUJU_")}
+    environment.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "juju", *args], capture_output=True, text=True, env=environment,
+        timeout=120,
+    )
+
+
+def test_first_party_and_third_party_packs_are_discovered():
+    names = {p.name: p for p in plugins.packs()}
+    for expected in ("core", "lax", "nn", "mojo", "testpack"):
+        assert expected in names, f"pack {expected} not loaded: {sorted(names)}"
+        assert names[expected].loaded, names[expected].error
+    assert names["testpack"].version == "0.0.1"
+    assert "juju-testpack" in names["testpack"].origin
+
+
+def test_rules_carry_provenance():
+    registry = plugins.registry()
+    (rule,) = registry.rules_for(juju_testpack.double_plus_one_p)
+    assert (rule.pack, rule.pack_version) == ("testpack", "0.0.1")
+    (sin_rule,) = registry.rules_for(P.sin_p)
+    assert sin_rule.pack == "lax"
+
+
+def test_third_party_rule_is_used_by_jit():
+    juju_testpack.calls.clear()
+    f = juju.jit(lambda x: juju_testpack.double_plus_one(x) * 3.0)
+    x = np.arange(4, dtype=np.float32)
+    text = f.lower(x).as_text()
+    assert juju_testpack.calls, "the testpack rule did not run"
+    assert "rmo.add" in text
+    assert_same(f(x), (2 * x + 1) * 3.0)
+
+
+def test_priority_and_guards_select_deterministically(clean_registry):
+    low_calls, high_calls = [], []
+
+    class Guarded:
+        @staticmethod
+        @juju.hookimpl
+        def juju_rules():
+            rules = juju.RuleSet()
+
+            @rules.register(P.sin_p, priority=juju.Priority.FUSED,
+                            guard=lambda ctx: ctx.avals_in[0].shape == (7,))
+            def lower_sin_for_length_7(ctx, x, accuracy=None):
+                high_calls.append(1)
+                return ops.sin(x)
+
+            return [rules]
+
+    plugins.register_pack(Guarded, "guarded")
+    registry = plugins.registry()
+    chosen = [r.pack for r in registry.rules_for(P.sin_p)]
+    assert chosen == ["guarded", "lax"]  # highest priority first
+    juju.jit(jnp.sin).lower(np.ones(7, np.float32)).as_text()
+    assert high_calls == [1]
+    juju.jit(jnp.sin).lower(np.ones(3, np.float32)).as_text()
+    assert high_calls == [1]  # guard declined: the lax rule lowered it
+    del low_calls
+
+
+def test_conflicting_packs_raise_naming_both(clean_registry):
+    class Conflicting:
+        @staticmethod
+        @juju.hookimpl
+        def juju_rules():
+            return [juju.Rule(juju_testpack.double_plus_one_p, lambda ctx, x: x)]
+
+    plugins.register_pack(Conflicting, "conflicting")
+    with pytest.raises(juju.RuleConflictError) as info:
+        plugins.registry()
+    message = str(info.value)
+    assert "'conflicting'" in message and "'testpack'" in message
+    assert "testpack_double_plus_one" in message and "JUJU_PLUGINS" in message
+
+
+def test_a_pack_that_fails_is_reported_and_others_still_work(clean_registry):
+    class Broken:
+        @staticmethod
+        @juju.hookimpl
+        def juju_rules():
+            raise RuntimeError("boom in broken pack")
+
+    plugins.register_pack(Broken, "broken")
+    packs = {p.name: p for p in plugins.packs()}
+    assert not packs["broken"].loaded and "boom in broken pack" in str(packs["broken"].error)
+    assert packs["lax"].loaded
+    assert plugins.registry().rules_for(P.sin_p)
+
+
+def test_registry_generation_is_part_of_the_cache_key(clean_registry):
+    before = plugins.generation()
+    plugins.reload()
+    assert plugins.generation() == before + 1
+
+
+def test_cli_lists_the_four_packs_with_versions_and_counts():
+    result = run_cli()
+    assert result.returncode == 0, result.stderr
+    for pack in ("core", "lax", "nn", "mojo"):
+        line = next(line for line in result.stdout.splitlines() if line.startswith(pack + " "))
+        assert "0.1.0" in line and int(line.split()[2]) > 0, line
+
+
+def test_cli_which_names_the_winning_rule():
+    result = run_cli("which", "sin")
+    assert result.returncode == 0 and "lax 0.1.0" in result.stdout and "wins" in result.stdout
+    missing = run_cli("which", "no_such_primitive")
+    assert missing.returncode == 1 and "no loaded pack lowers" in missing.stdout
+
+
+def test_juju_plugins_env_filters_entry_points():
+    result = run_cli(JUJU_PLUGINS="lax")
+    names = [line.split()[0] for line in result.stdout.splitlines()[1:-1]]
+    assert names == ["core", "lax"], result.stdout
+
+
+def test_juju_block_plugins_and_autoload_switch():
+    blocked = run_cli(JUJU_BLOCK_PLUGINS="testpack,nn")
+    names = [line.split()[0] for line in blocked.stdout.splitlines()[1:-1]]
+    assert "testpack" not in names and "nn" not in names and "lax" in names
+    none = run_cli(JUJU_DISABLE_PLUGIN_AUTOLOAD="1")
+    names = [line.split()[0] for line in none.stdout.splitlines()[1:-1]]
+    assert names == ["core"], none.stdout
+
+
+def test_missing_pack_is_named_in_the_error_when_filtered_out():
+    code = (
+        "import jax.numpy as jnp, numpy as np, juju\n"
+        "try:\n"
+        "    juju.jit(lambda x: jnp.sin(x) + 1).lower(np.ones(3, np.float32))\n"
+        "except juju.MissingRuleError as e:\n"
+        "    print(e)\n"
+    )
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("JUJU_")}
+    environment["JUJU_PLUGINS"] = "nn"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=environment, timeout=120).stdout
+    assert "'sin'" in out and "'add'" in out
+    assert "juju-ops-lax is installed but not loaded" in out

@@ -1,0 +1,40 @@
+"""Comparing juju results with jax.jit: values, shapes and dtypes."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+
+def to_numpy(value):
+    if hasattr(value, "to_numpy"):
+        return value.to_numpy()
+    return np.asarray(value)
+
+
+def tolerance(dtype) -> dict:
+    dtype = np.dtype(dtype)
+    if dtype.kind in "biu":
+        return dict(rtol=0, atol=0)
+    if dtype.itemsize <= 2:
+        return dict(rtol=2e-2, atol=2e-2)
+    if dtype == np.float64:
+        return dict(rtol=1e-12, atol=1e-12)
+    return dict(rtol=2e-5, atol=1e-6)
+
+
+def assert_same(actual, expected, **tol):
+    """juju's result equals jax.jit's: same tree, shapes, dtypes and values."""
+    actual_leaves, actual_tree = jax.tree_util.tree_flatten(actual)
+    expected_leaves, expected_tree = jax.tree_util.tree_flatten(expected)
+    assert actual_tree == expected_tree, f"pytree {actual_tree} != {expected_tree}"
+    for a, e in zip(actual_leaves, expected_leaves):
+        a, e = to_numpy(a), np.asarray(e)
+        assert a.shape == e.shape, f"shape {a.shape} != {e.shape}"
+        assert a.dtype == e.dtype, f"dtype {a.dtype} != {e.dtype}"
+        np.testing.assert_allclose(
+            a.astype(np.float64) if a.dtype.kind == "V" else a,
+            e.astype(np.float64) if e.dtype.kind == "V" else e,
+            equal_nan=True,
+            **(tol or tolerance(e.dtype)),
+        )
