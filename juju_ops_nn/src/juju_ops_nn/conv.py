@@ -1,5 +1,122 @@
-"""conv_general_dilated (work in progress)."""
+"""conv_general_dilated onto MAX's conv2d/conv3d, in full generality.
+
+MAX convolves channels-last inputs (N, *spatial, C) with (*spatial, I, O)
+filters, for 2 or 3 spatial dims, with strides, filter dilation, non-negative
+padding and feature groups. Everything else is brought into that form:
+
+- any dimension_numbers: permute lhs/rhs in, permute the result out;
+- 1-D convolutions: a unit spatial dim in front, then conv2d;
+- lhs_dilation (transposed convolutions, input gradients): zeros inserted
+  with a reshape/pad trick, then a plain convolution;
+- negative padding (from gradients): a crop;
+- batch_group_count (filter gradients of grouped convs): one convolution per
+  group on contiguous batch slices, concatenated along the output features;
+- preferred_element_type: the operands are cast to the result type first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from max.graph import ops
 
 from juju import RuleSet
+from juju._compat import primitives as P
+from juju_ops_nn._layout import dilate, pad_or_crop
 
 rules = RuleSet()
+
+
+@rules.register(P.conv_general_dilated_p)
+def lower_conv_general_dilated(ctx, lhs, rhs, *, window_strides, padding, lhs_dilation,
+                               rhs_dilation, dimension_numbers, feature_group_count,
+                               batch_group_count, precision, preferred_element_type,
+                               out_sharding=None):
+    # `precision` picks XLA's reduced-precision passes on TPU/GPU; MAX computes
+    # float32 convolutions in float32, which is at least as precise.
+    lhs_aval, rhs_aval = ctx.avals_in
+    out_dtype = np.dtype(ctx.aval_out.dtype)
+    if not (np.issubdtype(out_dtype, np.floating) or out_dtype.kind == "V"):
+        raise NotImplementedError(
+            f"conv_general_dilated: integer convolutions (preferred_element_type="
+            f"{preferred_element_type}, operands {lhs_aval.dtype}) are not supported by MAX"
+        )
+    lhs_spec, rhs_spec, out_spec = dimension_numbers
+    nd = len(lhs_spec) - 2
+    if nd not in (1, 2, 3):
+        raise NotImplementedError(
+            f"conv_general_dilated: {nd} spatial dimensions (dimension_numbers="
+            f"{dimension_numbers}); MAX convolves 1-, 2- and 3-D"
+        )
+    if np.dtype(lhs_aval.dtype) != out_dtype:
+        lhs = ops.cast(lhs, ctx.max_dtype(out_dtype))
+    if np.dtype(rhs_aval.dtype) != out_dtype:
+        rhs = ops.cast(rhs, ctx.max_dtype(out_dtype))
+
+    # Channels last: lhs (N, *S, C), rhs (*S, I, O).
+    lhs_order = [lhs_spec[0], *lhs_spec[2:], lhs_spec[1]]
+    rhs_order = [*rhs_spec[2:], rhs_spec[1], rhs_spec[0]]
+    lhs = _permute(lhs, lhs_order)
+    rhs = _permute(rhs, rhs_order)
+    lhs_shape = [lhs_aval.shape[d] for d in lhs_order]
+    rhs_shape = [rhs_aval.shape[d] for d in rhs_order]
+    strides = [int(s) for s in window_strides]
+    rhs_dil = [int(d) for d in rhs_dilation]
+    pads = [(int(lo), int(hi)) for lo, hi in padding]
+
+    if any(int(d) != 1 for d in lhs_dilation):
+        lhs, lhs_shape = dilate(lhs, lhs_shape, [1, *lhs_dilation, 1])
+    if any(lo < 0 or hi < 0 for lo, hi in pads) or any(int(d) != 1 for d in lhs_dilation):
+        # Apply the padding explicitly (it may crop); MAX then pads nothing.
+        lhs = pad_or_crop(lhs, lhs_shape, [(0, 0), *pads, (0, 0)])
+        lhs_shape = [lhs_shape[0]] + [
+            n + lo + hi for n, (lo, hi) in zip(lhs_shape[1:-1], pads)
+        ] + [lhs_shape[-1]]
+        pads = [(0, 0)] * nd
+
+    if nd == 1:  # as 2-D with a unit spatial dim in front
+        lhs = ops.reshape(lhs, [lhs_shape[0], 1, *lhs_shape[1:]])
+        rhs = ops.reshape(rhs, [1, *rhs_shape])
+        strides, rhs_dil, pads = [1, *strides], [1, *rhs_dil], [(0, 0), *pads]
+
+    if batch_group_count == 1:
+        out = _conv(lhs, rhs, strides, rhs_dil, pads, feature_group_count)
+    else:
+        groups = int(batch_group_count)
+        n, o = lhs_shape[0], rhs_shape[-1]
+        nb, ob = n // groups, o // groups
+        lhs_rank = nd + 3 if nd == 1 else nd + 2
+        rhs_rank = lhs_rank
+        parts = []
+        for g in range(groups):
+            lhs_g = ops.slice_tensor(
+                lhs, [slice(g * nb, (g + 1) * nb)] + [slice(None)] * (lhs_rank - 1)
+            )
+            rhs_g = ops.slice_tensor(
+                rhs, [slice(None)] * (rhs_rank - 1) + [slice(g * ob, (g + 1) * ob)]
+            )
+            parts.append(_conv(lhs_g, rhs_g, strides, rhs_dil, pads, feature_group_count))
+        out = ops.concat(parts, axis=-1)
+
+    # out is (N, *S_out, O) [with the extra unit dim for 1-D].
+    out_shape = ctx.aval_out.shape
+    n_out, o_out = out_shape[out_spec[0]], out_shape[out_spec[1]]
+    spatial_out = [out_shape[d] for d in out_spec[2:]]
+    out = ops.reshape(out, [n_out, *spatial_out, o_out])
+    perm = [0] * (nd + 2)
+    perm[out_spec[0]] = 0
+    perm[out_spec[1]] = nd + 1
+    for i, d in enumerate(out_spec[2:]):
+        perm[d] = 1 + i
+    return _permute(out, perm)
+
+
+def _permute(x, order):
+    order = [int(d) for d in order]
+    return x if order == list(range(len(order))) else ops.permute(x, order)
+
+
+def _conv(lhs, rhs, strides, dilation, pads, groups):
+    padding = tuple(p for pair in pads for p in pair)
+    conv = ops.conv2d if len(strides) == 2 else ops.conv3d
+    return conv(lhs, rhs, stride=tuple(strides), dilation=tuple(dilation),
+                padding=padding, groups=int(groups))

@@ -1,0 +1,84 @@
+"""Test helpers: many cases checked against `jax.jit` with one MAX compilation.
+
+    cases = [Case("conv_nhwc", f, (x, w)), ...]
+    results = run_cases(cases)          # one juju.compile_all for all of them
+    results["conv_nhwc"].check()        # values, shapes and dtypes vs jax.jit
+
+A case whose tracing or lowering fails records the exception and fails alone
+in `check()`; the others still compile together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+import juju
+
+
+@dataclass
+class Case:
+    name: str
+    fn: Callable
+    args: tuple
+    rtol: float = 1e-4
+    atol: float = 1e-4
+    expect_in_graph: tuple[str, ...] = ()  # substrings the MAX graph text must hold
+
+
+@dataclass
+class Result:
+    case: Case
+    lowered: Any = None
+    error: BaseException | None = None
+    got: Any = None
+    text: str = ""
+    expected: Any = field(default=None)
+
+    def check(self):
+        if self.error is not None:
+            raise self.error
+        want = jax.tree_util.tree_leaves(self.expected)
+        got = jax.tree_util.tree_leaves(self.got)
+        assert len(got) == len(want), f"{len(got)} outputs, expected {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            g = g.to_numpy() if hasattr(g, "to_numpy") else np.asarray(g)
+            w = np.asarray(w)
+            assert g.shape == w.shape, f"output {i}: shape {g.shape} != {w.shape}"
+            assert g.dtype == w.dtype, f"output {i}: dtype {g.dtype} != {w.dtype}"
+            np.testing.assert_allclose(
+                g.astype(np.float64) if g.dtype.kind == "V" else g,
+                w.astype(np.float64) if w.dtype.kind == "V" else w,
+                rtol=self.case.rtol, atol=self.case.atol, err_msg=f"output {i}",
+            )
+        for needle in self.case.expect_in_graph:
+            assert needle in self.text, f"{needle!r} not in the MAX graph of {self.case.name}"
+
+
+def run_cases(cases: list[Case]) -> dict[str, Result]:
+    results = {c.name: Result(c) for c in cases}
+    lowered = []
+    for c in cases:
+        r = results[c.name]
+        try:
+            r.expected = jax.jit(c.fn)(*c.args)
+            r.lowered = juju.jit(c.fn).lower(*c.args)
+            r.text = r.lowered.as_text()
+            lowered.append(r)
+        except Exception as exc:  # reported by this case's check()
+            r.error = exc
+    try:
+        juju.compile_all([r.lowered for r in lowered])
+    except Exception as exc:
+        for r in lowered:
+            r.error = exc
+        return results
+    for r in lowered:
+        try:
+            r.got = r.lowered.jit_function(*r.case.args)
+        except Exception as exc:
+            r.error = exc
+    return results
