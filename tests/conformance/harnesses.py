@@ -1,0 +1,252 @@
+"""JAX's primitive harnesses, run through `juju.jit` and compared with `jax.jit`.
+
+This module is imported by the worker subprocesses (`run.py --worker`) and by
+the parent only for the cheap parts (listing, sampling). Everything that
+touches MAX happens in a worker, so a crash in MAX cannot take the runner down.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import traceback
+
+import numpy as np
+
+STATUSES = ("pass", "wrong", "error", "unsupported", "skip")
+
+# Tolerances (rtol, atol) per float dtype name; ints and bools compare exactly.
+TOLERANCES = {
+    "float64": (1e-9, 1e-12),
+    "float32": (2e-5, 1e-6),
+    "float16": (4e-3, 1e-3),
+    "bfloat16": (3e-2, 1e-2),
+}
+
+
+def enable_x64():
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+
+
+@functools.cache
+def all_harnesses() -> dict:
+    """fullname -> Harness, for every harness JAX runs on CPU (x64 enabled)."""
+    enable_x64()
+    from jax._src.internal_test_util import test_harnesses
+
+    return {h.fullname: h for h in test_harnesses.all_harnesses if h.filter("cpu")}
+
+
+def dtype_name(h) -> str:
+    try:
+        return np.dtype(h.dtype).name
+    except TypeError:
+        return str(h.dtype)
+
+
+def listing() -> list[tuple[str, str]]:
+    """(group, fullname) for every harness, in definition order."""
+    return [(h.group_name, name) for name, h in all_harnesses().items()]
+
+
+def _stable_key(name: str) -> str:
+    return hashlib.sha1(name.encode()).hexdigest()
+
+
+def sample(per_group: int, groups=None) -> list[str]:
+    """A fixed, deterministic sample: in each group, the `per_group` harnesses
+    whose names hash lowest (stable across runs, machines and JAX's order)."""
+    by_group: dict[str, list[str]] = {}
+    for group, name in listing():
+        if groups is None or group in groups:
+            by_group.setdefault(group, []).append(name)
+    chosen = []
+    for group in sorted(by_group):
+        chosen += sorted(by_group[group], key=_stable_key)[:per_group]
+    return chosen
+
+
+# --- the worker side ---------------------------------------------------------
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = f"{type(exc).__name__}: {str(exc).strip()}"
+    return " ".join(text.split())[:limit]
+
+
+def _classify_exception(exc: BaseException) -> tuple[str, str]:
+    """(status, reason) for an exception raised while lowering or compiling."""
+    import juju
+
+    if isinstance(exc, juju.MissingRuleError):
+        prims = sorted({m.primitive for m in exc.missing})
+        return "unsupported", "no rule for " + ", ".join(prims)
+    chain, seen = [], set()
+    cur = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        chain.append(cur)
+        cur = cur.__cause__
+    where = ""
+    for e in chain:
+        if isinstance(e, juju.LoweringError):
+            where = f"{getattr(e, 'primitive', '?')}: "
+            break
+    root = chain[-1]
+    if any(isinstance(e, juju.UnsupportedDtypeError) for e in chain):
+        err = next(e for e in chain if isinstance(e, juju.UnsupportedDtypeError))
+        return "unsupported", where + str(err).split(":")[0].strip()
+    if isinstance(root, NotImplementedError):
+        return "unsupported", where + _short(root, 200)
+    if isinstance(exc, juju.CompileError):
+        return "error", "MAX compile: " + _short(exc, 250)
+    return "error", where + _short(root)
+
+
+def to_numpy(value) -> np.ndarray:
+    """A juju output (MAX buffer or array) as numpy, bfloat16 included."""
+    from max.driver import Buffer
+    from max.dtype import DType
+
+    if isinstance(value, Buffer):
+        if value.dtype == DType.bfloat16:
+            import ml_dtypes
+
+            return value.view(DType.uint16).to_numpy().view(ml_dtypes.bfloat16)
+        return value.to_numpy()
+    return np.asarray(value)
+
+
+def to_input(value):
+    """Harness arguments for juju: bfloat16 arrays go in as MAX buffers (MAX's
+    DLPack import rejects bfloat16)."""
+    import ml_dtypes
+
+    array = np.asarray(value) if isinstance(value, np.ndarray | np.generic) else None
+    if array is not None and array.dtype == ml_dtypes.bfloat16:
+        from max.driver import Buffer
+        from max.dtype import DType
+
+        raw = np.array(array.view(np.uint16), order="C")
+        return Buffer.from_numpy(raw).view(DType.bfloat16, array.shape)
+    return value
+
+
+def compare(expected: list, got: list, dtype: str) -> str | None:
+    """None when `got` matches `expected`; otherwise why not."""
+    if len(expected) != len(got):
+        return f"{len(got)} outputs, expected {len(expected)}"
+    for i, (e, g) in enumerate(zip(expected, got)):
+        e = np.asarray(e)
+        g = to_numpy(g)
+        if e.shape != g.shape:
+            return f"output {i}: shape {g.shape}, expected {e.shape}"
+        if e.dtype != g.dtype:
+            return f"output {i}: dtype {g.dtype}, expected {e.dtype}"
+        if e.dtype.kind in "biu":
+            if not np.array_equal(e, g):
+                bad = int(np.sum(e != g))
+                return f"output {i} ({e.dtype}): {bad}/{e.size} elements differ"
+            continue
+        if e.dtype.kind == "c":
+            return f"output {i}: complex output"
+        rtol, atol = TOLERANCES.get(e.dtype.name, TOLERANCES["float16"])
+        e64, g64 = e.astype(np.float64), g.astype(np.float64)
+        ok = np.isclose(g64, e64, rtol=rtol, atol=atol, equal_nan=True)
+        if not ok.all():
+            k = int(np.argmin(ok.ravel()))
+            return (
+                f"output {i} ({e.dtype}): {int((~ok).sum())}/{e.size} elements differ, "
+                f"e.g. got {g64.ravel()[k]!r} expected {e64.ravel()[k]!r}"
+            )
+    return None
+
+
+class Worker:
+    """Runs a list of harnesses: prepare (jax.jit + juju lowering), compile
+    all together, execute and compare. Writes one JSON line per event to
+    `out`, flushed, so the parent can tell where a crash happened."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def emit(self, **record):
+        self.out.write(json.dumps(record) + "\n")
+        self.out.flush()
+
+    def result(self, name, status, reason=""):
+        self.emit(id=name, status=status, reason=reason)
+
+    def run(self, names: list[str]):
+        enable_x64()
+        import jax
+        import juju
+
+        harnesses = all_harnesses()
+        ready = []
+        for name in names:
+            h = harnesses[name]
+            self.emit(phase="prepare", ids=[name])
+            try:
+                args = h.dyn_args_maker(np.random.RandomState(0))
+                expected = jax.tree_util.tree_leaves(jax.jit(h.dyn_fun)(*args))
+                expected = [np.asarray(x) for x in expected]
+            except Exception as exc:
+                self.result(name, "skip", "jax.jit fails: " + _short(exc, 150))
+                continue
+            try:
+                fn = juju.jit(h.dyn_fun)
+                inputs = [to_input(a) for a in args]
+                low = fn.lower(*inputs)
+                low.graph  # build it alone: lowering errors stay with their harness
+            except Exception as exc:
+                self.result(name, *_classify_exception(exc))
+                continue
+            ready.append((name, fn, low, inputs, expected, dtype_name(h)))
+        self._compile(ready)
+
+    def _compile(self, ready):
+        if not ready:
+            return
+        import juju
+
+        self.emit(phase="compile", ids=[r[0] for r in ready])
+        try:
+            juju.compile_all([r[2] for r in ready])
+        except Exception as exc:
+            if len(ready) == 1:
+                self.result(ready[0][0], *_classify_exception(exc))
+                return
+            half = len(ready) // 2
+            self._compile(ready[:half])
+            self._compile(ready[half:])
+            return
+        for name, fn, low, inputs, expected, dtype in ready:
+            self.emit(phase="execute", ids=[name])
+            try:
+                import jax
+
+                got = jax.tree_util.tree_leaves(fn(*inputs))
+                problem = compare(expected, got, dtype)
+            except Exception as exc:
+                self.result(name, "error", "execute: " + _short(exc))
+                continue
+            if problem is None:
+                self.result(name, "pass")
+            else:
+                self.result(name, "wrong", problem)
+
+
+def worker_main(ids_file: str, out_file: str) -> int:
+    with open(ids_file) as f:
+        names = json.load(f)
+    with open(out_file, "a", buffering=1) as out:
+        try:
+            Worker(out).run(names)
+        except Exception:
+            out.write(json.dumps({"fatal": traceback.format_exc()[-2000:]}) + "\n")
+            return 1
+    return 0
