@@ -53,15 +53,20 @@ class Engine:
                 _sessions[self.key] = session
             return session
 
-    def load_all(self, module_or_graph, what: str) -> list:
+    def load_all(self, module_or_graph, what: str, custom_extensions=()) -> list:
         """Compile and load graphs into this engine's session, in module order.
+
+        `custom_extensions` are the kernel libraries (`.mojoc` paths) the
+        graphs' custom ops need.
 
         Logs (logger "juju", INFO) what was compiled when it took over a
         second. MAX's compile errors keep their real reason in the message.
         """
         start = time.perf_counter()
         try:
-            models = self.session.load_all(module_or_graph)
+            models = self.session.load_all(
+                module_or_graph, custom_extensions=list(custom_extensions) or None
+            )
         except Exception as exc:
             reason = _compile_reason(exc)
             raise CompileError(

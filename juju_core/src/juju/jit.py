@@ -165,10 +165,12 @@ def compile_all(lowered: Sequence[Lowered]) -> list[Compiled]:
         by_engine.setdefault(low.jit_function.engine, []).append(low)
     for engine, group in by_engine.items():
         module = Module()
-        for low in group:
-            low.build_graph(module=module)
+        graphs = [low.build_graph(module=module) for low in group]
+        # A module (unlike a single graph) does not carry its graphs' kernel
+        # libraries to the compiler: pass them explicitly.
+        extensions = sorted({path for g in graphs for path in g.kernel_libraries_paths})
         what = ", ".join(low.name for low in group[:4]) + (" ..." if len(group) > 4 else "")
-        models = engine.load_all(module, what)
+        models = engine.load_all(module, what, custom_extensions=extensions)
         # By position: MAX's disk cache may return a model under the name of
         # the first graph it compiled with the same content.
         for low, model in zip(group, models, strict=True):

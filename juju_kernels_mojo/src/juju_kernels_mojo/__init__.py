@@ -1,3 +1,40 @@
-"""juju-kernels-mojo: JAX primitives backed by Mojo kernels."""
+"""juju-kernels-mojo: JAX primitives backed by Mojo kernels.
+
+The Mojo sources ship in `juju_kernels_mojo/kernels/`; `library_path()` builds
+them once per Mojo/MAX version and source hash into the user's cache (see
+`build_kernel_library`). Rules that call these kernels name the library
+`"juju_kernels_mojo"` in `Rule.requires`, so juju adds it to every graph that
+uses one of them.
+
+New primitives: `add_one`, `fma` (fused x * y + z), `row_logsumexp`.
+Kernels for lax primitives MAX has no op for (at `Priority.KERNEL`): integer
+`and`/`or`/`xor`/`not`, `shift_left`, `shift_right_logical`,
+`shift_right_arithmetic`, `population_count`, `clz`.
+"""
+
+from pathlib import Path
+
+import juju
+from juju_kernels_mojo.build import build_kernel_library, cache_dir, source_hash
+from juju_kernels_mojo.lowering import broadcast_operands, call_kernel
 
 __version__ = "0.1.0"
+
+LIBRARY = "juju_kernels_mojo"
+KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
+
+
+def library_path() -> Path:
+    """The compiled kernel library of this pack (built on first use)."""
+    return build_kernel_library(KERNEL_DIR, LIBRARY)
+
+
+kernel_library = juju.KernelLibrary(LIBRARY, path=library_path)
+
+from juju_kernels_mojo.primitives import add_one, fma, row_logsumexp  # noqa: E402
+
+__all__ = [
+    "build_kernel_library", "cache_dir", "source_hash", "call_kernel", "broadcast_operands",
+    "library_path", "kernel_library", "LIBRARY", "KERNEL_DIR", "add_one", "fma",
+    "row_logsumexp",
+]

@@ -1,8 +1,14 @@
-"""Entry point of the Mojo kernels pack (work in progress)."""
+"""Entry point of the Mojo kernels pack."""
 
 import juju
+from juju_kernels_mojo import kernel_library, lax_rules, primitives
 
 
 @juju.hookimpl
 def juju_rules():
-    return []
+    return [primitives.rules, lax_rules.rules]
+
+
+@juju.hookimpl
+def juju_kernel_libraries():
+    return [kernel_library]
