@@ -2,9 +2,21 @@
 
 import juju
 
-from juju_ops_lax import dot, elementwise, reductions, shape
+from juju_ops_lax import (
+    dot,
+    elementwise,
+    indexing,
+    reductions,
+    shape,
+)
 
 
 @juju.hookimpl
 def juju_rules():
-    return [elementwise.rules, shape.rules, reductions.rules, dot.rules]
+    return [
+        elementwise.rules,
+        shape.rules,
+        reductions.rules,
+        dot.rules,
+        indexing.rules,
+    ]
