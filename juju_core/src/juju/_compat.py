@@ -80,3 +80,22 @@ def register_transformation_rules(primitive, *, jvp=None, transpose=None, batchi
         mlir.register_lowering(
             primitive, mlir.lower_fun(xla_implementation, multiple_results=multiple_results)
         )
+
+
+# --- control flow and juju_call (issue 4) --------------------------------------
+
+# Emitted by the differentiation of `cond` (a placeholder residual).
+from jax._src.lax.lax import empty2_p  # noqa: E402
+
+# juju_call (juju/call.py): the pieces of JAX's AD and partial evaluation it
+# reuses, as JAX's own `jit` does for its primitive.
+from jax._src.core import jaxpr_as_fun  # noqa: E402
+from jax._src.interpreters.ad import (  # noqa: E402
+    Zero as ad_Zero,
+    is_undefined_primal,
+    jvp_jaxpr as ad_jvp_jaxpr,
+)
+from jax._src.interpreters.partial_eval import (  # noqa: E402
+    convert_constvars_jaxpr,
+    partial_eval_jaxpr_nounits,
+)

@@ -3,6 +3,7 @@
 import juju
 
 from juju_ops_lax import (
+    control_flow,
     dot,
     elementwise,
     indexing,
@@ -19,4 +20,5 @@ def juju_rules():
         reductions.rules,
         dot.rules,
         indexing.rules,
+        control_flow.rules,
     ]

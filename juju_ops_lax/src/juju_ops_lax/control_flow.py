@@ -1,0 +1,186 @@
+"""Control flow: cond (lax.cond, lax.switch), while, scan.
+
+Lowered onto MAX's own control flow (`ops.cond`, `ops.while_loop`); loop
+bodies and branches re-enter the interpreter with `ctx.lower`. Loops are never
+unrolled unless the program asks for it (`scan(..., unroll=k)`), so a graph's
+size does not grow with the trip count.
+
+`scan` becomes a `while_loop` over (counter, *carry, *ys buffers): each step
+reads its slice of every `xs` with `ops.slice_tensor` at the counter (a tensor
+index) and writes its outputs into the preallocated `ys` buffers with
+`ops.scatter_nd`. Consts and `xs` are captured by the loop body from the
+enclosing graph rather than carried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import numpy as np
+from max.dtype import DType
+from max.graph import DeviceRef, Graph, TensorType, ops
+
+from juju import RuleSet
+from juju._compat import empty2_p, primitives as P
+
+rules = RuleSet()
+
+
+def _on_host(ctx, pred):
+    """MAX's control-flow predicates must live on the CPU."""
+    return pred if ctx.device.is_cpu() else ops.transfer_to(pred, DeviceRef.CPU())
+
+
+_nesting = threading.local()
+
+
+@contextlib.contextmanager
+def _region_op():
+    """Build a MAX control-flow op, nested ones with verification deferred.
+
+    MAX verifies an `mo.if`/`mo.while` when it is created; one nested in a
+    branch or body that is still being built (detached from the graph) fails
+    dominance checks on values it captures from outside that block. The
+    outermost op's verification covers all nested regions once attached.
+    """
+    depth = getattr(_nesting, "depth", 0)
+    _nesting.depth = depth + 1
+    try:
+        if depth:
+            with Graph.current._pause_verification():  # MAX-private, see above
+                yield
+        else:
+            yield
+    finally:
+        _nesting.depth = depth
+
+
+def _tensor_types(ctx, avals):
+    return [TensorType(ctx.max_dtype(a.dtype), list(a.shape), device=ctx.device) for a in avals]
+
+
+# --- cond ----------------------------------------------------------------------
+
+
+@rules.register(P.cond_p)
+def lower_cond(ctx, index, *operands, branches):
+    # XLA runs the last branch for an out-of-range index; so does this chain of
+    # `index == k ? branch k : ...` with the last branch as the default.
+    out_types = _tensor_types(ctx, ctx.avals_out)
+    index_dtype = ctx.avals_in[0].dtype
+
+    def branch(k):
+        return lambda: ctx.lower(branches[k], *operands)
+
+    def chain(k):
+        if k == len(branches) - 1:
+            return branch(k)()
+        pred = _on_host(ctx, ops.equal(index, ctx.constant(k, index_dtype)))
+        with _region_op():
+            return ops.cond(pred, out_types, branch(k), lambda: chain(k + 1))
+
+    return chain(0)
+
+
+# --- while ---------------------------------------------------------------------
+
+
+@rules.register(P.while_p)
+def lower_while(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
+    cond_consts = args[:cond_nconsts]
+    body_consts = args[cond_nconsts : cond_nconsts + body_nconsts]
+    init = args[cond_nconsts + body_nconsts :]
+    if not init:
+        raise NotImplementedError("while: a loop without carried values")
+
+    def predicate(*carry):
+        (pred,) = ctx.lower(cond_jaxpr, *cond_consts, *carry)
+        return _on_host(ctx, pred)
+
+    def body(*carry):
+        return ctx.lower(body_jaxpr, *body_consts, *carry)
+
+    with _region_op():
+        return ops.while_loop(list(init), predicate, body)
+
+
+# --- scan ----------------------------------------------------------------------
+
+
+def _counter(value):
+    return ops.constant(value, DType.int64, device=DeviceRef.CPU())
+
+
+def _slice_row(x, i):
+    """x[i] for a scalar (int or int64 tensor) index i."""
+    return ops.slice_tensor(x, [i] + [slice(None)] * (x.rank - 1))
+
+
+@rules.register(P.scan_p)
+def lower_scan(ctx, *args, reverse, length, jaxpr, num_consts, num_carry, unroll,
+               _split_transpose=False):
+    if _split_transpose:
+        raise NotImplementedError(f"scan: _split_transpose={_split_transpose}")
+    consts = list(args[:num_consts])
+    init = list(args[num_consts : num_consts + num_carry])
+    xs = list(args[num_consts + num_carry :])
+    y_avals = ctx.avals_out[num_carry:]
+    unroll = length if unroll is True else max(int(unroll), 1)
+
+    def step(carry, i):
+        """One application of the body at step i (int or counter tensor)."""
+        if isinstance(i, int):
+            index = length - 1 - i if reverse else i
+        else:
+            index = _counter(length - 1) - i if reverse else i
+        x_slices = [_slice_row(x, index) for x in xs]
+        outs = ctx.lower(jaxpr, *consts, *carry, *x_slices)
+        return outs[:num_carry], outs[num_carry:], index
+
+    if length <= 1 or unroll >= length:
+        # Trivial trip count, or full unrolling asked for: straight-line code.
+        carry, ys = init, [[None] * length for _ in y_avals]
+        for i in range(length):
+            carry, y, index = step(carry, i)
+            for buf, value in zip(ys, y):
+                buf[index] = value
+        stacked = [
+            ops.stack(buf, axis=0) if length else ctx.constant(np.zeros(a.shape), a.dtype)
+            for buf, a in zip(ys, y_avals)
+        ]
+        return [*carry, *stacked]
+
+    buffers = [ops.broadcast_to(ctx.constant(0, a.dtype), list(a.shape)) for a in y_avals]
+    trips = length // unroll * unroll  # steps done in the loop, `unroll` per iteration
+
+    def body(i, *state):
+        carry, bufs = list(state[:num_carry]), list(state[num_carry:])
+        for u in range(unroll):
+            carry, y, index = step(carry, i + _counter(u) if u else i)
+            at = ops.reshape(index, [1, 1])
+            if not ctx.device.is_cpu():
+                at = ops.transfer_to(at, ctx.device)
+            bufs = [ops.scatter_nd(b, ops.unsqueeze(v, 0), at) for b, v in zip(bufs, y)]
+        return [i + _counter(unroll), *carry, *bufs]
+
+    with _region_op():
+        state = ops.while_loop(
+            [_counter(0), *init, *buffers], lambda i, *_: i < _counter(trips), body
+        )
+    carry, bufs = list(state[1 : 1 + num_carry]), list(state[1 + num_carry :])
+    for i in range(trips, length):  # the remainder when unroll does not divide length
+        carry, y, index = step(carry, i)
+        at = ctx.constant(np.array([[index]]), np.int64)
+        bufs = [ops.scatter_nd(b, ops.unsqueeze(v, 0), at) for b, v in zip(bufs, y)]
+    return [*carry, *bufs]
+
+
+# --- what JAX's differentiation of control flow emits --------------------------
+
+
+@rules.register(empty2_p)
+def lower_empty2(ctx, *, dtype, memory_space):
+    # A placeholder residual for branches of a differentiated cond that do
+    # not produce it; its value is never read.
+    return ctx.constant(0, ctx.aval_out.dtype)
