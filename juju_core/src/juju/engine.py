@@ -7,6 +7,7 @@ device, and every load goes through `Engine.load_all`.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -53,19 +54,23 @@ class Engine:
                 _sessions[self.key] = session
             return session
 
-    def load_all(self, module_or_graph, what: str, custom_extensions=()) -> list:
-        """Compile and load graphs into this engine's session, in module order.
+    @property
+    def description(self) -> str:
+        """What compiled code depends on: device kind, model and host CPU."""
+        return f"{self.kind}:{self.index}:{_device_identity(self.device)}"
+
+    def compile(self, module, what: str, custom_extensions=()):
+        """Compile graphs (a Graph or a Module of several) without loading.
 
         `custom_extensions` are the kernel libraries (`.mojoc` paths) the
-        graphs' custom ops need.
-
-        Logs (logger "juju", INFO) what was compiled when it took over a
-        second. MAX's compile errors keep their real reason in the message.
+        graphs' custom ops need: a Module does not carry them itself. Logs
+        (logger "juju", INFO) what was compiled when it took over a second.
+        MAX's compile errors keep their real reason in the message.
         """
         start = time.perf_counter()
         try:
-            models = self.session.load_all(
-                module_or_graph, custom_extensions=list(custom_extensions) or None
+            compiled = self.session.compile(
+                module, custom_extensions=list(custom_extensions) or None
             )
         except Exception as exc:
             reason = _compile_reason(exc)
@@ -75,7 +80,43 @@ class Engine:
         elapsed = time.perf_counter() - start
         if elapsed > 1.0:
             log.info("juju: compiled %s in %.1f s", what, elapsed)
-        return list(models.values())
+        return compiled
+
+    def init_all(self, compiled) -> list:
+        """Load a compiled artifact's models, in module order."""
+        return list(self.session.init_all(compiled).values())
+
+    def load_mef(self, path) -> list:
+        """Models of an exported compilation (memoised per process)."""
+        key = (self.key, str(path))
+        models = _loaded_mefs.get(key)
+        if models is None:
+            models = list(self.session.load_all(str(path)).values())
+            _loaded_mefs[key] = models
+        return models
+
+
+_loaded_mefs: dict[tuple, list] = {}
+
+
+def _device_identity(device) -> str:
+    parts = [str(device)]
+    if getattr(device, "is_host", True):
+        import platform
+
+        parts.append(platform.machine())
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.startswith(("model name", "flags")):
+                        parts.append(line.split(":", 1)[1].strip())
+                    if len(parts) >= 4:
+                        break
+        except OSError:
+            pass
+    else:
+        parts.append(getattr(device, "architecture_name", ""))
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
 def _compile_reason(exc: BaseException) -> str:

@@ -18,13 +18,17 @@ import jax
 import numpy as np
 from jax import tree_util
 
-from juju import plugins
+import logging
+
+from juju import cache, plugins
+from juju import call as _call  # registers juju_call_p and its rules
 from juju._compat import canonical_dtype, is_tracer, python_scalar_dtype
 from juju.engine import Engine, cpu_engine
 from juju.errors import JujuError
 from juju.interpreter import build_graph, check_rules
 
 _graph_ids = itertools.count()
+log = logging.getLogger("juju")
 
 
 # --- leaves: signature and conversion to MAX buffers -------------------------
@@ -113,15 +117,17 @@ class Lowered:
     kernel_names: frozenset
     name: str
 
+    @functools.cached_property
+    def kernel_paths(self) -> list:
+        return [plugins.kernel_library(n).path() for n in sorted(self.kernel_names)]
+
     def build_graph(self, module=None):
-        registry = plugins.registry()
-        paths = [plugins.kernel_library(n).path() for n in sorted(self.kernel_names)]
         return build_graph(
             self.closed_jaxpr,
             name=self.name,
-            registry=registry,
+            registry=plugins.registry(),
             device=self.jit_function.engine.device_ref,
-            kernel_paths=paths,
+            kernel_paths=self.kernel_paths,
             module=module,
         )
 
@@ -154,32 +160,55 @@ def compile_all(lowered: Sequence[Lowered]) -> list[Compiled]:
     """Compile many lowered functions in one MAX compilation.
 
     MAX's cost is mostly per compilation, not per graph: compiling N graphs
-    together costs little more than one. Each result is also placed in its
-    function's jit cache, so later calls with the same signature hit.
+    together costs little more than one. Graphs found in juju's persistent
+    cache (`juju.cache`) are loaded from it instead. Each result is placed in
+    its function's jit cache, so later calls with the same signature hit.
     """
-    from max.graph import Module
-
     pending = [low for low in lowered if low.key not in low.jit_function._cache]
     by_engine: dict[Engine, list[Lowered]] = {}
     for low in pending:
         by_engine.setdefault(low.jit_function.engine, []).append(low)
     for engine, group in by_engine.items():
-        module = Module()
-        graphs = [low.build_graph(module=module) for low in group]
-        # A module (unlike a single graph) does not carry its graphs' kernel
-        # libraries to the compiler: pass them explicitly.
-        extensions = sorted({path for g in graphs for path in g.kernel_libraries_paths})
-        what = ", ".join(low.name for low in group[:4]) + (" ..." if len(group) > 4 else "")
-        models = engine.load_all(module, what, custom_extensions=extensions)
-        # By position: MAX's disk cache may return a model under the name of
-        # the first graph it compiled with the same content.
-        for low, model in zip(group, models, strict=True):
+        for low, model in zip(group, _models_for(engine, group), strict=True):
             fn = low.jit_function
             fn.compile_count += 1
             fn._cache[low.key] = Executable(
                 model, low.in_dtypes, low.out_tree, fn.coerces_to_jnp, engine.device
             )
     return [Compiled(low, low.jit_function._cache[low.key]) for low in lowered]
+
+
+def _models_for(engine: Engine, group: list[Lowered]) -> list:
+    """Loaded models for `group`, from the persistent cache or one compile."""
+    from max.graph import Module
+
+    models: list = [None] * len(group)
+    keys: list = [None] * len(group)
+    if cache.enabled():
+        for i, low in enumerate(group):
+            keys[i] = cache.graph_key(low.graph, engine.description, low.kernel_paths)
+            hit = cache.lookup(keys[i])
+            if hit is not None:
+                try:
+                    models[i] = engine.load_mef(hit[0])[hit[1]]
+                except Exception as exc:  # unreadable entry: compile instead
+                    log.warning("juju: cached model %s unusable (%s); recompiling", hit[0], exc)
+    misses = [i for i, m in enumerate(models) if m is None]
+    if misses:
+        module = Module()
+        for i in misses:
+            group[i].build_graph(module=module)
+        extensions = sorted({str(p) for i in misses for p in group[i].kernel_paths})
+        names = [group[i].name for i in misses]
+        what = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        compiled = engine.compile(module, what, custom_extensions=extensions)
+        if cache.enabled():
+            cache.store([keys[i] for i in misses], compiled)
+        # By position: MAX's disk cache may return a model under the name of
+        # the first graph it compiled with the same content.
+        for i, model in zip(misses, engine.init_all(compiled), strict=True):
+            models[i] = model
+    return models
 
 
 # --- jit ---------------------------------------------------------------------
@@ -235,8 +264,9 @@ class JitFunction:
         dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
         leaves, treedef = tree_util.tree_flatten((dyn_args, dyn_kwargs))
         if any(is_tracer(x) for x in leaves):
-            # Under a JAX transformation (or juju's own tracing): trace through.
-            return self.fun(*args, **kwargs)
+            # Under a JAX transformation, jax.jit or juju's own tracing: bind
+            # juju_call (juju/call.py), which juju inlines and JAX transforms.
+            return _call.call_traced(self, args, kwargs)
         key = (treedef, statics, tuple(map(_signature, leaves)), plugins.generation())
         executable = self._cache.get(key)
         if executable is None:
