@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -16,6 +17,20 @@ from dataclasses import dataclass
 from juju.errors import CompileError, EngineUnavailableError
 
 log = logging.getLogger("juju")
+
+
+def _default_logging() -> None:
+    """Show compile progress on stderr unless the application configured
+    logging itself. `JUJU_LOG_LEVEL=WARNING` silences it."""
+    if log.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    log.setLevel(os.environ.get("JUJU_LOG_LEVEL", "INFO").upper())
+
+
+_default_logging()
 
 _sessions: dict[tuple[str, int], object] = {}
 _session_lock = threading.Lock()
@@ -79,7 +94,7 @@ class Engine:
             ) from exc
         elapsed = time.perf_counter() - start
         if elapsed > 1.0:
-            log.info("juju: compiled %s in %.1f s", what, elapsed)
+            log.info("juju: compiled %s for %s in %.1f s", what, self.kind, elapsed)
         return compiled
 
     def init_all(self, compiled) -> list:
