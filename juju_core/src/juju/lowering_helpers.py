@@ -54,6 +54,6 @@ def _trace(fun, avals, params):
 
 
 def _trace_uncached(fun, avals, params):
-    kwargs = dict(params.items())
+    kwargs = dict(params.items() if hasattr(params, "items") else params)
     structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
     return jax.make_jaxpr(lambda *xs: fun(*xs, **kwargs))(*structs)
