@@ -19,14 +19,26 @@ from juju_kernels_mojo.lowering import call_kernel
 rules = juju.RuleSet()
 
 
-def _same_as_first(x, *others):
-    for o in others:
-        if o.shape != x.shape or o.dtype != x.dtype:
-            raise TypeError(
-                f"operands must have equal shapes and dtypes, got {x.str_short()} "
-                f"and {o.str_short()}"
-            )
-    return jax.core.ShapedArray(x.shape, x.dtype)
+def _elementwise_abstract(kernel: str, kinds: tuple):
+    """Abstract evaluation: operands of one shape and dtype, of a kind the
+    kernel supports; the result is like the first operand."""
+
+    def abstract_eval(x, *others):
+        if not any(jnp.issubdtype(x.dtype, kind) for kind in kinds):
+            raise TypeError(f"kernel '{kernel}' does not support dtype {x.dtype}")
+        for o in others:
+            if o.shape != x.shape or o.dtype != x.dtype:
+                raise TypeError(
+                    f"kernel '{kernel}': operands must have equal shapes and dtypes, "
+                    f"got {x.str_short()} and {o.str_short()}"
+                )
+        return jax.core.ShapedArray(x.shape, x.dtype)
+
+    return abstract_eval
+
+
+NUMERIC = (jnp.integer, jnp.floating)
+FLOATING = (jnp.floating,)
 
 
 # --- add_one ------------------------------------------------------------------
@@ -40,7 +52,7 @@ def lower_add_one(ctx, x):
 add_one = juju.Primitive(
     "add_one",
     lower_add_one,
-    _same_as_first,
+    _elementwise_abstract("add_one", NUMERIC),
     jvp_rule=lambda primals, tangents: (add_one(*primals), tangents[0]),
     batching_rule="elementwise",
     jax_implementation=lambda x: x + jnp.ones((), x.dtype),
@@ -68,7 +80,7 @@ def _fma_jvp(primals, tangents):
 fma = juju.Primitive(
     "fma",
     lower_fma,
-    _same_as_first,
+    _elementwise_abstract("juju_fma", NUMERIC),
     jvp_rule=_fma_jvp,
     batching_rule="elementwise",
     jax_implementation=lambda x, y, z: x * y + z,
@@ -83,6 +95,7 @@ fma.__doc__ = "x * y + z in one fused Mojo kernel (operands of equal shape and d
 
 
 def _row_logsumexp_abstract(x):
+    _elementwise_abstract("juju_row_logsumexp", FLOATING)(x)
     if x.ndim == 0:
         raise TypeError("row_logsumexp needs an operand of rank >= 1")
     return jax.core.ShapedArray(x.shape[:-1], x.dtype)

@@ -1,0 +1,348 @@
+"""juju-kernels-mojo: kernels against jax.jit, the kernel build cache, and a
+GPU compile (without a GPU). All CPU graphs compile in ONE MAX compilation."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from max.graph import DeviceRef
+
+import juju
+import juju_kernels_mojo as jk
+from juju._compat import sub_jaxprs_of_params
+from juju_kernels_mojo import build, lax_rules
+from tests.util import assert_same
+
+INT_DTYPES = [np.int8, np.int16, np.int32, np.uint8, np.uint16, np.uint32]
+FLOAT_DTYPES = [np.float32, np.float16]
+rng = np.random.default_rng(0)
+
+
+def bit_ops(a, b, s):
+    three = np.array(3, a.dtype)
+    return {
+        "and": a & b,
+        "or": a | b,
+        "xor": a ^ b,
+        "not": ~a,
+        "shift_left": lax.shift_left(a, b),
+        "shift_right_logical": lax.shift_right_logical(a, b),
+        "shift_right_arithmetic": lax.shift_right_arithmetic(a, b),
+        "population_count": lax.population_count(a),
+        "clz": lax.clz(a),
+        # a rank-0 literal beside an array, as jax.random emits
+        "literal_shift": lax.shift_right_logical(a, three),
+        "literal_or": lax.bitwise_or(a, three),
+        # rank 2 and rank 0
+        "rank2": lax.shift_right_arithmetic(a.reshape(8, 8), b.reshape(8, 8)),
+        "scalar": (lax.population_count(s), lax.clz(s), ~s, s ^ s),
+    }
+
+
+def bit_inputs(dtype):
+    info = np.iinfo(dtype)
+    bits = info.bits
+    a = rng.integers(info.min, info.max, size=64, endpoint=True, dtype=dtype)
+    a[:6] = [info.min, info.max, 0, 1, info.max // 2, info.min + 1]
+    low = -3 if info.min < 0 else 0
+    b = rng.integers(low, bits + 4, size=64, dtype=np.int64)
+    b[:6] = [0, bits - 1, bits, bits + 3, 1, low]
+    return a, b.astype(dtype), dtype(info.min + 5)
+
+
+def new_primitives(x, y, z):
+    return {
+        "add_one": jk.add_one(x),
+        "fma": jk.fma(x, y, z),
+        "fma_rank3": jk.fma(x.reshape(2, 3, 4), y.reshape(2, 3, 4), z.reshape(2, 3, 4)),
+        "add_one_scalar": jk.add_one(x[0, 0]),
+    }
+
+
+def logsumexp_ops(x):
+    return jk.row_logsumexp(x), jk.row_logsumexp(x[0]), jk.row_logsumexp(x.reshape(2, 3, 4))
+
+
+def grad_and_vmap(x, y):
+    def loss(x, y):
+        return jnp.sum(jk.row_logsumexp(jk.fma(x, y, jk.add_one(x))))
+
+    return {
+        "grad": jax.grad(loss, argnums=(0, 1))(x, y),
+        "vmap_fma": jax.vmap(jk.fma, in_axes=(1, None, 1))(x, y[:, 0], x),
+        "vmap_lse": jax.vmap(jk.row_logsumexp, in_axes=1)(x),
+        "jvp": jax.jvp(jk.row_logsumexp, (x,), (y,)),
+    }
+
+
+def float_inputs(dtype, shape=(6, 4)):
+    return [rng.normal(size=shape).astype(dtype) for _ in range(3)]
+
+
+def in_bfloat16(fn):
+    """`fn` on bfloat16 values made inside the graph (juju.jit does not take
+    bfloat16 numpy inputs yet: DLPack cannot carry them)."""
+
+    def wrapped(*args):
+        out = fn(*(a.astype(jnp.bfloat16) for a in args))
+        return jax.tree.map(lambda o: o.astype(jnp.float32), out)
+
+    wrapped.__name__ = f"{fn.__name__}_bf16"
+    return wrapped
+
+
+bit_ops_jit = juju.jit(bit_ops)
+new_primitives_jit = juju.jit(new_primitives)
+logsumexp_jit = juju.jit(logsumexp_ops)
+grad_and_vmap_jit = juju.jit(grad_and_vmap)
+
+BIT_ARGS = {np.dtype(d).name: bit_inputs(d) for d in INT_DTYPES}
+FLOAT_ARGS = {np.dtype(d).name: float_inputs(d) for d in FLOAT_DTYPES + [np.int32]}
+LSE_ARGS = {np.dtype(d).name: float_inputs(d, (6, 4))[0] for d in FLOAT_DTYPES}
+GV_ARGS = float_inputs(np.float32, (5, 3))[:2]
+
+new_primitives_bf16 = in_bfloat16(new_primitives)
+logsumexp_bf16 = in_bfloat16(logsumexp_ops)
+BF16_FUNCTIONS = {"new_primitives": new_primitives_bf16, "logsumexp": logsumexp_bf16}
+BF16_JIT = {name: juju.jit(fn) for name, fn in BF16_FUNCTIONS.items()}
+BF16_ARGS = {"new_primitives": float_inputs(np.float32), "logsumexp": float_inputs(np.float32)[:1]}
+
+CASES = (
+    [(bit_ops_jit, args) for args in BIT_ARGS.values()]
+    + [(BF16_JIT[name], BF16_ARGS[name]) for name in BF16_JIT]
+    + [(new_primitives_jit, args) for args in FLOAT_ARGS.values()]
+    + [(logsumexp_jit, (x,)) for x in LSE_ARGS.values()]
+    + [(grad_and_vmap_jit, GV_ARGS)]
+)
+
+
+@pytest.fixture(scope="module")
+def lowered():
+    lows = [fn.lower(*args) for fn, args in CASES]
+    juju.compile_all(lows)
+    return lows
+
+
+def winning_packs(closed_jaxpr) -> dict[str, set[str]]:
+    """For every primitive in the jaxpr (sub-jaxprs too): the packs whose rule won."""
+    registry = juju.plugins.registry()
+    found: dict[str, set[str]] = {}
+
+    def visit(jaxpr):
+        for eqn in jaxpr.eqns:
+            ctx = juju.LoweringContext(
+                eqn,
+                tuple(v.aval for v in eqn.invars),
+                tuple(v.aval for v in eqn.outvars),
+                DeviceRef.CPU(),
+                None,
+            )
+            found.setdefault(eqn.primitive.name, set()).add(registry.select(ctx).pack)
+            for sub in sub_jaxprs_of_params(eqn.params):
+                visit(sub)
+
+    visit(closed_jaxpr.jaxpr)
+    return found
+
+
+@pytest.mark.parametrize("dtype", list(BIT_ARGS))
+def test_bit_kernels_match_jax(lowered, dtype):
+    args = BIT_ARGS[dtype]
+    assert_same(bit_ops_jit(*args), jax.jit(bit_ops)(*args))
+
+
+def test_bit_kernel_rules_are_the_ones_that_ran(lowered):
+    low = lowered[0]
+    packs = winning_packs(low.closed_jaxpr)
+    for prim in list(lax_rules.BINARY_OPS) + list(lax_rules.UNARY_OPS):
+        assert packs[prim.name] == {"mojo"}, prim.name
+    assert low.kernel_names == {jk.LIBRARY}
+
+
+def test_bool_bitwise_ops_are_left_to_the_lax_pack():
+    low = juju.jit(lambda a, b: (a & b, ~a)).lower(np.array([True]), np.array([False]))
+    packs = winning_packs(low.closed_jaxpr)
+    assert "mojo" not in packs["and"] | packs["not"]
+    assert jk.LIBRARY not in low.kernel_names
+
+
+@pytest.mark.parametrize("dtype", list(FLOAT_ARGS))
+def test_add_one_and_fma_match_jax(lowered, dtype):
+    args = FLOAT_ARGS[dtype]
+    out = new_primitives_jit(*args)
+    assert_same(out, jax.jit(new_primitives)(*args))
+    assert winning_packs(new_primitives_jit.lower(*args).closed_jaxpr)["fma"] == {"mojo"}
+
+
+@pytest.mark.parametrize("dtype", list(LSE_ARGS))
+def test_row_logsumexp_matches_jax(lowered, dtype):
+    x = LSE_ARGS[dtype]
+    assert_same(logsumexp_jit(x), jax.jit(logsumexp_ops)(x))
+
+
+@pytest.mark.parametrize("name", list(BF16_JIT))
+def test_bfloat16_kernels_match_jax(lowered, name):
+    args = BF16_ARGS[name]
+    assert_same(
+        BF16_JIT[name](*args), jax.jit(BF16_FUNCTIONS[name])(*args), rtol=2e-2, atol=2e-2
+    )
+
+
+def test_grad_vmap_jvp_over_kernel_primitives(lowered):
+    assert_same(grad_and_vmap_jit(*GV_ARGS), jax.jit(grad_and_vmap)(*GV_ARGS))
+
+
+def test_unsupported_dtype_names_the_kernel():
+    with pytest.raises(TypeError, match=r"row_logsumexp.*int32"):
+        juju.jit(jk.row_logsumexp).lower(np.ones((2, 3), np.int32))
+    with pytest.raises(TypeError, match=r"add_one.*bool"):
+        juju.jit(jk.add_one).lower(np.ones(3, bool))
+
+
+# --- the kernel build cache --------------------------------------------------
+
+TINY_KERNEL = '''
+from extensibility import register, InputTensor, OutputTensor, foreach
+from max.gpu.host import DeviceContext
+from std.utils.coord import Coord
+
+
+@register("tiny_negate")
+struct TinyNegate:
+    @staticmethod
+    def execute[target: StaticString](
+        output: OutputTensor,
+        x: InputTensor[dtype=output.dtype, rank=output.rank, ...],
+        ctx: DeviceContext,
+    ) raises:
+        def func[width: Int](idx: Coord[...]) {var x} -> SIMD[x.dtype, width]:
+            return -x.load[width](idx)
+
+        foreach[target=target](func, output, ctx)
+'''
+
+
+def make_kernel_dir(root: Path, body: str = TINY_KERNEL) -> Path:
+    src = root / "tiny_kernels"
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "__init__.mojo").write_text("")
+    (src / "negate.mojo").write_text(body)
+    return src
+
+
+def test_pack_library_is_cached_outside_the_working_directory():
+    path = jk.library_path()
+    start = time.perf_counter()
+    again = jk.library_path()
+    elapsed = time.perf_counter() - start
+    assert again == path and path.is_file() and path.suffix == ".mojoc"
+    assert build.cache_dir() in path.parents
+    assert Path.cwd() not in path.parents
+    assert build.toolchain_versions() in str(path)
+    assert elapsed < 0.5
+
+
+def test_cache_dir_follows_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("JUJU_CACHE_DIR", str(tmp_path))
+    assert build.cache_dir() == tmp_path / "kernels"
+    monkeypatch.delenv("JUJU_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert build.cache_dir() == tmp_path / "xdg" / "juju" / "kernels"
+
+
+def test_source_change_changes_the_key(tmp_path):
+    src = make_kernel_dir(tmp_path)
+    before = build.source_hash(src)
+    assert build.source_hash(src) == before
+    (src / "negate.mojo").write_text(TINY_KERNEL + "\n# changed\n")
+    assert build.source_hash(src) != before
+
+
+BUILD_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from juju_kernels_mojo import build
+    path = build.build_kernel_library(sys.argv[1], "tiny_kernels")
+    print(path, build.last_build_seconds)
+    """
+)
+
+
+def test_concurrent_builds_build_once_and_atomically(tmp_path):
+    src = make_kernel_dir(tmp_path / "src")
+    env = dict(os.environ, JUJU_CACHE_DIR=str(tmp_path / "cache"))
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", BUILD_SCRIPT, str(src)],
+            env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for _ in range(2)
+    ]
+    results = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), results
+    lines = [out.split() for out, _ in results]
+    assert lines[0][0] == lines[1][0]
+    built = [float(t) for _, t in lines if t != "None"]
+    assert len(built) == 1, lines  # the second process waited and reused it
+    path = Path(lines[0][0])
+    assert path.is_file() and (tmp_path / "cache") in path.parents
+    assert not list(cwd.iterdir())  # nothing written to the working directory
+    leftovers = [p.name for p in path.parent.iterdir() if p.name not in (path.name, ".lock")]
+    assert not leftovers
+    # unchanged: a new process does not rebuild
+    out = subprocess.run(
+        [sys.executable, "-c", BUILD_SCRIPT, str(src)],
+        env=env, cwd=cwd, capture_output=True, text=True, check=True,
+    ).stdout.split()
+    assert out == [str(path), "None"]
+
+
+def test_build_failure_shows_the_compiler_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("JUJU_CACHE_DIR", str(tmp_path / "cache"))
+    src = make_kernel_dir(tmp_path, TINY_KERNEL.replace("return -x", "return -y"))
+    with pytest.raises(juju.CompileError, match=r"tiny_kernels(.|\n)*use of unknown declaration 'y'"):
+        build.build_kernel_library(src, "tiny_kernels")
+
+
+# --- GPU: compile only, on a virtual device -----------------------------------
+
+GPU_SCRIPT = textwrap.dedent(
+    """
+    import numpy as np
+    from max import driver
+    driver.set_virtual_device_api("cuda")
+    driver.set_virtual_device_target_arch("sm_90a")
+    driver.set_virtual_device_count(1)
+    from jax import lax
+    import juju, juju_kernels_mojo as jk
+
+    def f(a, b, x):
+        return (a & b, lax.shift_right_logical(a, b), lax.shift_right_arithmetic(a, b),
+                lax.population_count(a), lax.clz(a), ~a,
+                jk.add_one(x), jk.fma(x, x, x), jk.row_logsumexp(x))
+
+    fn = juju.jit(f, engine=juju.gpu_engine())
+    a = np.arange(8, dtype=np.int32)
+    (compiled,) = juju.compile_all([fn.lower(a, a, np.ones((4, 8), np.float32))])
+    print("MODEL", type(compiled.executable.model).__name__)
+    """
+)
+
+
+def test_kernels_compile_for_gpu_without_a_gpu():
+    proc = subprocess.run(
+        [sys.executable, "-c", GPU_SCRIPT], capture_output=True, text=True, timeout=600
+    )
+    assert "MODEL CompileOnlyModel" in proc.stdout, proc.stdout + proc.stderr[-4000:]
