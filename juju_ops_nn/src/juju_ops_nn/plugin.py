@@ -2,9 +2,9 @@
 
 import juju
 
-from juju_ops_nn import conv
+from juju_ops_nn import conv, pooling
 
 
 @juju.hookimpl
 def juju_rules():
-    return [conv.rules]
+    return [conv.rules, pooling.rules]

@@ -1,0 +1,190 @@
+"""Windowed reductions (pooling) and the max-pool gradients.
+
+Every window position becomes one strided slice of the (base-dilated, padded)
+input; the slices are combined with the reduction's monoid. MAX fuses the
+slices and the elementwise combination into one loop nest, and it handles any
+rank, window dilation and base dilation. The gradients of max pooling
+(`select_and_scatter_add`, `select_and_gather_add`) use the same slices and
+pick the first maximum in row-major window order, like XLA's `ge` selection.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+from max.graph import ops
+
+from juju import RuleSet
+from juju._compat import ClosedJaxpr, primitives as P
+from juju_ops_nn._layout import dilate, pad_or_crop, window_slices
+
+rules = RuleSet()
+
+
+def _extreme(dtype, sign):
+    """The identity of max (sign=-1) or min (sign=+1) for `dtype`."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return sign > 0
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return int(info.max if sign > 0 else info.min)
+    return float("inf") * sign
+
+
+def _prepare(ctx, x, shape, base_dilation, padding, init):
+    """Base-dilate and pad `x` with `init` (a Python scalar)."""
+    x, shape = dilate(x, shape, base_dilation, value=init)
+    x = pad_or_crop(x, shape, padding, value=init)
+    shape = [n + int(lo) + int(hi) for n, (lo, hi) in zip(shape, padding)]
+    return x, shape
+
+
+def _reduce_window(op, identity):
+    def lower(ctx, x, *, window_dimensions, window_strides, padding, base_dilation,
+              window_dilation):
+        aval = ctx.avals_in[0]
+        init = identity(aval.dtype)
+        x, shape = _prepare(ctx, x, list(aval.shape), base_dilation, padding, init)
+        acc = None
+        for _, view in window_slices(x, shape, window_dimensions, window_strides,
+                                     window_dilation, ctx.aval_out.shape):
+            acc = view if acc is None else op(acc, view)
+        return acc
+
+    lower.__qualname__ = f"lower_reduce_window_{op.__name__}"
+    return lower
+
+
+rules.register(P.reduce_window_sum_p)(_reduce_window(ops.add, lambda d: 0))
+rules.register(P.reduce_window_max_p)(_reduce_window(ops.max, lambda d: _extreme(d, -1)))
+rules.register(P.reduce_window_min_p)(_reduce_window(ops.min, lambda d: _extreme(d, +1)))
+
+
+@functools.lru_cache(maxsize=256)
+def _vectorized_body(jaxpr, consts, n, dtypes):
+    """The scalar monoid body as a jaxpr over flat vectors of length n."""
+    body = jax.extend.core.jaxpr_as_fun(ClosedJaxpr(jaxpr, list(consts)))
+    structs = [jax.ShapeDtypeStruct((n,), d) for d in dtypes]
+    return jax.make_jaxpr(jax.vmap(body))(*structs)
+
+
+@rules.register(P.reduce_window_p)
+def lower_reduce_window(ctx, *operands_and_inits, jaxpr, consts, window_dimensions,
+                        window_strides, padding, base_dilation, window_dilation):
+    k = len(operands_and_inits) // 2
+    operands, inits = operands_and_inits[:k], operands_and_inits[k:]
+    in_shape = list(ctx.avals_in[0].shape)
+    out_shape = list(ctx.avals_out[0].shape)
+    # Pad with zeros, then put the init values where padding/dilation put
+    # elements that are not the input's.
+    fills = any(int(d) != 1 for d in base_dilation) or any(int(lo) or int(hi) for lo, hi in padding)
+    mask = ctx.constant(_real_positions(in_shape, base_dilation, padding), np.bool_) if fills else None
+    views_per_operand = []
+    for x, init in zip(operands, inits):
+        x, shape = _prepare(ctx, x, in_shape, base_dilation, padding, 0)
+        if mask is not None:
+            x = ops.where(mask, x, ops.broadcast_to(init, shape))
+        views_per_operand.append(
+            [v for _, v in window_slices(x, shape, window_dimensions, window_strides,
+                                         window_dilation, out_shape)]
+        )
+    size = int(np.prod(out_shape))
+    dtypes = tuple(np.dtype(a.dtype) for a in ctx.avals_in[:k])
+    body = _vectorized_body(jaxpr, tuple(consts), size, dtypes)
+    flat = lambda v: ops.reshape(v, [size])  # noqa: E731
+    acc = [flat(views[0]) for views in views_per_operand]
+    for i in range(1, len(views_per_operand[0])):
+        acc = ctx.lower(body, *acc, *(flat(views[i]) for views in views_per_operand))
+    return [ops.reshape(a, out_shape) for a in acc]
+
+
+def _real_positions(shape, base_dilation, padding):
+    """Boolean mask, in dilated+padded coordinates, of the input's elements."""
+    mask = np.ones(shape, bool)
+    for axis, k in enumerate(base_dilation):
+        k = int(k)
+        if k != 1:
+            n = mask.shape[axis]
+            new = list(mask.shape)
+            new[axis] = (n - 1) * k + 1
+            out = np.zeros(new, bool)
+            index = [slice(None)] * len(new)
+            index[axis] = slice(None, None, k)
+            out[tuple(index)] = mask
+            mask = out
+    pads = []
+    crops = []
+    for lo, hi in padding:
+        lo, hi = int(lo), int(hi)
+        pads.append((max(lo, 0), max(hi, 0)))
+        crops.append((max(-lo, 0), max(-hi, 0)))
+    mask = np.pad(mask, pads)
+    return mask[tuple(slice(lo, mask.shape[i] - hi) for i, (lo, hi) in enumerate(crops))]
+
+
+def _select_op(select_prim):
+    name = getattr(select_prim, "name", str(select_prim))
+    if name not in ("ge", "le", "gt", "lt"):
+        raise NotImplementedError(f"select_prim={name} is not supported")
+    return name
+
+
+@rules.register(P.select_and_scatter_add_p)
+def lower_select_and_scatter_add(ctx, source, operand, *, select_prim, window_dimensions,
+                                 window_strides, padding):
+    name = _select_op(select_prim)
+    aval = ctx.avals_in[1]
+    sign = -1 if name in ("ge", "gt") else +1
+    x, shape = _prepare(ctx, operand, list(aval.shape), [1] * len(aval.shape), padding,
+                        _extreme(aval.dtype, sign))
+    out_shape = list(ctx.avals_in[0].shape)
+    ones = [1] * len(shape)
+    pick = ops.max if sign < 0 else ops.min
+    views = list(window_slices(x, shape, window_dimensions, window_strides, ones, out_shape))
+    best = views[0][1]
+    for _, v in views[1:]:
+        best = pick(best, v)
+    zero = ops.broadcast_to(ctx.constant(0, ctx.avals_in[0].dtype), out_shape)
+    taken = None
+    total = None
+    for offset, view in views:
+        hit = ops.equal(view, best)
+        if taken is not None:
+            hit = ops.logical_and(hit, ops.logical_not(taken))
+            taken = ops.logical_or(taken, hit)
+        else:
+            taken = hit
+        contribution = ops.where(hit, source, zero)
+        spread, spread_shape = dilate(contribution, out_shape, window_strides)
+        placed = pad_or_crop(
+            spread, spread_shape,
+            [(o, n - o - m) for o, n, m in zip(offset, shape, spread_shape)],
+        )
+        total = placed if total is None else ops.add(total, placed)
+    return pad_or_crop(total, shape, [(-int(lo), -int(hi)) for lo, hi in padding])
+
+
+@rules.register(P.select_and_gather_add_p)
+def lower_select_and_gather_add(ctx, tangents, operand, *, select_prim, window_dimensions,
+                                window_strides, padding, base_dilation, window_dilation):
+    name = _select_op(select_prim)
+    aval = ctx.avals_in[1]
+    sign = -1 if name in ("ge", "gt") else +1
+    in_shape = list(aval.shape)
+    x, shape = _prepare(ctx, operand, in_shape, base_dilation, padding, _extreme(aval.dtype, sign))
+    t, _ = _prepare(ctx, tangents, in_shape, base_dilation, padding, 0)
+    out_shape = list(ctx.aval_out.shape)
+    x_views = [v for _, v in window_slices(x, shape, window_dimensions, window_strides,
+                                           window_dilation, out_shape)]
+    t_views = [v for _, v in window_slices(t, shape, window_dimensions, window_strides,
+                                           window_dilation, out_shape)]
+    best_x, best_t = x_views[0], t_views[0]
+    for xv, tv in zip(x_views[1:], t_views[1:]):
+        # Strictly better only: the first extreme in window order wins.
+        better = ops.greater(xv, best_x) if sign < 0 else ops.greater(best_x, xv)
+        best_x = ops.where(better, xv, best_x)
+        best_t = ops.where(better, tv, best_t)
+    return best_t
