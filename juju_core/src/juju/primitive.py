@@ -18,6 +18,7 @@ from typing import Callable, Iterable
 
 import jax
 import jax.numpy as jnp
+from jax.extend import source_info_util
 from jax.interpreters import ad
 
 from juju import plugins
@@ -25,6 +26,9 @@ from juju._compat import JaxPrimitive, ShapedArray, register_transformation_rule
 from juju.hookspecs import hookimpl
 from juju.plugins import KernelLibrary
 from juju.registry import Priority, Rule, RuleSet
+
+# Errors and jaxprs should point at the user's call, not at Primitive.__call__.
+source_info_util.register_exclusion(__file__)
 
 user_rules = RuleSet()
 _user_libraries: dict[str, KernelLibrary] = {}
@@ -188,14 +192,15 @@ class Primitive:
                 if takes_ctx:
                     return rule(ctx, *operands, **params)
                 return rule(*operands, **params)
-            except Exception as exc:
-                if "custom op" in str(exc) or "kernel" in str(exc).lower():
-                    exc.add_note(
-                        f"juju.Primitive({prim_name!r}) makes these kernel libraries "
-                        f"available to its graph: {list(libraries) or 'none'}; pass "
-                        "kernel_library=... for the one that defines the kernel."
-                    )
-                raise
+            except ValueError as exc:
+                if "no kernel registered" not in str(exc):
+                    raise
+                # MAX checks ops.custom against the graph's kernel libraries.
+                raise ValueError(
+                    f"{exc}: the graph has the kernel libraries of "
+                    f"juju.Primitive({prim_name!r}): {list(libraries) or 'none'}; pass "
+                    "kernel_library=<the library that defines the kernel>"
+                ) from exc
 
         lower.__qualname__ = getattr(rule, "__qualname__", prim_name)
         lower.__name__ = getattr(rule, "__name__", prim_name)
