@@ -1,0 +1,1 @@
+# The example pack's Mojo package; every @register in it is found.
