@@ -59,6 +59,15 @@ def setup() -> None:
     STAMP.write_text(wanted)
 
 
+def _ensure(requirements: list[str]) -> None:
+    """Install optional task requirements (e.g. matplotlib for charts) once."""
+    marker = VENV / (".juju-extra-" + hashlib.sha256(" ".join(requirements).encode()).hexdigest()[:12])
+    if not marker.exists():
+        pip = [str(PYTHON), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+        subprocess.run(pip + requirements, check=True)
+        marker.write_text("ok")
+
+
 def run(args: list[str]) -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run([str(PYTHON), *args], cwd=ROOT, env=env).returncode
@@ -79,7 +88,8 @@ def main(argv: list[str]) -> int:
     if command == "conformance":
         return run(["-m", "tests.conformance.run", *rest])
     if command == "bench":
-        return run(["benchmarks/run.py", *rest])
+        _ensure(_config()["bench-requirements"])
+        return run(["-m", "benchmarks.run", *rest])
     if command == "python":
         return run(rest)
     print(f"unknown command {command!r}\n{__doc__}", file=sys.stderr)

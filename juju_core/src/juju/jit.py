@@ -22,7 +22,8 @@ import logging
 
 from juju import cache, plugins
 from juju import call as _call  # registers juju_call_p and its rules
-from juju._compat import canonical_dtype, is_tracer, python_scalar_dtype
+from juju._compat import Tracer, canonical_dtype, python_scalar_dtype
+from juju.dtypes import numpy_dtype
 from juju.engine import Engine, cpu_engine
 from juju.errors import JujuError
 from juju.interpreter import build_graph, check_rules
@@ -36,50 +37,115 @@ log = logging.getLogger("juju")
 
 def _signature(leaf) -> tuple:
     """(shape, dtype, weak_type) as jax.jit would see this argument."""
-    kind = type(leaf)
-    if kind is np.ndarray:
-        return (leaf.shape, canonical_dtype(leaf.dtype), False)
-    if kind in (int, float, bool, complex):
-        return ((), python_scalar_dtype(leaf), True)
-    if isinstance(leaf, jax.Array):
-        return (leaf.shape, leaf.dtype, leaf.weak_type)
-    if isinstance(leaf, np.generic):
-        return ((), canonical_dtype(leaf.dtype), False)
-    if _is_buffer(leaf):
-        from juju.dtypes import numpy_dtype
-
-        return (tuple(leaf.shape), numpy_dtype(leaf.dtype), False)
-    raise TypeError(
-        f"juju.jit: argument of type {kind.__name__} is not an array; pass arrays, "
-        "Python scalars or MAX buffers, or mark the argument static with "
-        "static_argnums/static_argnames."
-    )
+    handler = _SIGNATURES.get(type(leaf))
+    if handler is None:
+        handler = _signature_handler(type(leaf))
+    return handler(leaf)
 
 
-def _is_buffer(value) -> bool:
+def _numpy_signature(leaf):
+    return (leaf.shape, canonical_dtype(leaf.dtype), False)
+
+
+def _scalar_signature(leaf):
+    return ((), python_scalar_dtype(leaf), True)
+
+
+def _jax_signature(leaf):
+    return (leaf.shape, leaf.dtype, leaf.weak_type)
+
+
+def _generic_signature(leaf):
+    return ((), canonical_dtype(leaf.dtype), False)
+
+
+def _buffer_signature(leaf):
+    return (tuple(leaf.shape), numpy_dtype(leaf.dtype), False)
+
+
+def _spec_signature(leaf):
+    return (tuple(leaf.shape), canonical_dtype(leaf.dtype), bool(leaf.weak_type))
+
+
+_SIGNATURES: dict = {np.ndarray: _numpy_signature}
+for _t in (int, float, bool, complex):
+    _SIGNATURES[_t] = _scalar_signature
+
+
+def _signature_handler(kind):
+    """Find (and remember) how to read the signature of a leaf type."""
     from max.driver import Buffer
 
-    return isinstance(value, Buffer)
+    if issubclass(kind, Tracer):
+        raise _TracerSeen
+    if issubclass(kind, np.ndarray):
+        handler = _numpy_signature
+    elif issubclass(kind, jax.Array):
+        handler = _jax_signature
+    elif issubclass(kind, np.generic):
+        handler = _generic_signature
+    elif issubclass(kind, Buffer):
+        handler = _buffer_signature
+    elif issubclass(kind, jax.ShapeDtypeStruct):  # ahead-of-time lowering
+        handler = _spec_signature
+    else:
+        raise TypeError(
+            f"juju.jit: argument of type {kind.__name__} is not an array; pass arrays, "
+            "Python scalars or MAX buffers, or mark the argument static with "
+            "static_argnums/static_argnames."
+        )
+    _SIGNATURES[kind] = handler
+    return handler
+
+
+class _TracerSeen(Exception):
+    """A leaf is a JAX tracer: the call happens under a JAX transformation."""
+
+
+def _buffer_from_buffer(leaf, dtype, device):
+    return leaf if leaf.device == device else leaf.to(device)
+
+
+def _buffer_from_jax(leaf, dtype, device):
+    from max.driver import Buffer
+
+    try:
+        buffer = Buffer.from_dlpack(leaf)  # zero-copy
+    except Exception:  # dtypes DLPack cannot carry: go through numpy
+        buffer = Buffer.from_numpy(np.array(leaf, order="C"))
+    return buffer if buffer.device == device else buffer.to(device)
+
+
+def _buffer_from_array(leaf, dtype, device):
+    from max.driver import Buffer
+
+    array = np.asarray(leaf)
+    if array.dtype != dtype:
+        array = array.astype(dtype)  # as jax.jit does, e.g. float64 without x64
+    if not (array.flags.c_contiguous and array.flags.writeable):
+        array = np.array(array, order="C")  # keeps 0-d arrays 0-d
+    buffer = Buffer.from_numpy(array)  # zero-copy
+    return buffer if buffer.device == device else buffer.to(device)
+
+
+def _converter(kind):
+    from max.driver import Buffer
+
+    if issubclass(kind, Buffer):
+        return _buffer_from_buffer
+    if issubclass(kind, jax.Array):
+        return _buffer_from_jax
+    return _buffer_from_array
+
+
+_CONVERTERS: dict = {}
 
 
 def _to_buffer(leaf, dtype, device):
-    from max.driver import Buffer
-
-    if isinstance(leaf, Buffer):
-        return leaf if leaf.device == device else leaf.to(device)
-    if isinstance(leaf, jax.Array):
-        try:
-            buffer = Buffer.from_dlpack(leaf)
-        except Exception:  # e.g. dtypes DLPack cannot carry: go through numpy
-            buffer = Buffer.from_numpy(np.ascontiguousarray(np.asarray(leaf)).reshape(leaf.shape))
-    else:
-        array = np.asarray(leaf)
-        if array.dtype != dtype:
-            array = array.astype(dtype)
-        if not (array.flags.c_contiguous and array.flags.writeable):
-            array = np.array(array, order="C")  # keeps 0-d arrays 0-d
-        buffer = Buffer.from_numpy(array)
-    return buffer if device is None or buffer.device == device else buffer.to(device)
+    convert = _CONVERTERS.get(type(leaf))
+    if convert is None:
+        convert = _CONVERTERS[type(leaf)] = _converter(type(leaf))
+    return convert(leaf, dtype, device)
 
 
 # --- the compiled executable -------------------------------------------------
@@ -100,7 +166,7 @@ class Executable:
         buffers = [_to_buffer(x, d, device) for x, d in zip(leaves, self.in_dtypes)]
         outs = self.model.execute(*buffers)
         if self.coerces_to_jnp:
-            outs = [jax.numpy.from_dlpack(o) for o in outs]
+            outs = [jax.numpy.from_dlpack(o) for o in outs]  # zero-copy
         return tree_util.tree_unflatten(self.out_tree, outs)
 
 
@@ -224,6 +290,7 @@ class JitFunction:
         self.static_argnums, self.static_argnames = _resolve_statics(
             fun, static_argnums, static_argnames
         )
+        self._has_statics = bool(self.static_argnums or self.static_argnames)
         self._cache: dict[tuple, Executable] = {}
         self._lowered: dict[tuple, Lowered] = {}
         self.trace_count = 0  # times traced to a Jaxpr (once per new signature)
@@ -261,13 +328,18 @@ class JitFunction:
         return tuple(dyn_args), dyn_kwargs, statics
 
     def __call__(self, *args, **kwargs):
-        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
+        if self._has_statics:
+            dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
+        else:
+            dyn_args, dyn_kwargs, statics = args, kwargs, ()
         leaves, treedef = tree_util.tree_flatten((dyn_args, dyn_kwargs))
-        if any(is_tracer(x) for x in leaves):
+        try:
+            signature = tuple([_signature(x) for x in leaves])
+        except _TracerSeen:
             # Under a JAX transformation, jax.jit or juju's own tracing: bind
             # juju_call (juju/call.py), which juju inlines and JAX transforms.
             return _call.call_traced(self, args, kwargs)
-        key = (treedef, statics, tuple(map(_signature, leaves)), plugins.generation())
+        key = (treedef, statics, signature, plugins.generation())
         executable = self._cache.get(key)
         if executable is None:
             self._lower(key, dyn_args, dyn_kwargs, statics, treedef).compile()
@@ -275,10 +347,17 @@ class JitFunction:
         return executable.run(leaves)
 
     def lower(self, *args, **kwargs) -> Lowered:
+        """Trace and lower for these arguments (arrays or jax.ShapeDtypeStruct).
+
+        Raises every lowering error now; compiling is left to `.compile()` or
+        `juju.compile_all`.
+        """
         dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
         leaves, treedef = tree_util.tree_flatten((dyn_args, dyn_kwargs))
         key = (treedef, statics, tuple(map(_signature, leaves)), plugins.generation())
-        return self._lower(key, dyn_args, dyn_kwargs, statics, treedef)
+        lowered = self._lower(key, dyn_args, dyn_kwargs, statics, treedef)
+        lowered.graph  # build now, so that rule failures surface here
+        return lowered
 
     def _lower(self, key, dyn_args, dyn_kwargs, statics, treedef) -> Lowered:
         lowered = self._lowered.get(key)

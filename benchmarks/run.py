@@ -1,0 +1,333 @@
+"""juju vs jax.jit, measured in the same run. `python3 dev.py bench`.
+
+Prints a table of medians and ratios (juju time / jax time: below 1 means juju
+is faster), writes benchmarks/results.json and benchmarks/results.png.
+Options: --quick (fewer repeats), --only NAME[,NAME], --no-startup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import juju
+
+HERE = Path(__file__).resolve().parent
+F32 = np.float32
+
+
+# --- workloads ------------------------------------------------------------------
+
+
+def chain(x):
+    return jnp.tanh(x * 1.5 + 0.5) * jnp.exp(-x * x) + jnp.sin(x)
+
+
+def total(x):
+    return jnp.sum(x)
+
+
+def matmul(a, b):
+    return a @ b
+
+
+def mlp(params, x):
+    for w, b in params[:-1]:
+        x = jax.nn.relu(x @ w + b)
+    w, b = params[-1]
+    return x @ w + b
+
+
+def mlp_loss(params, x, y):
+    logits = mlp(params, x)
+    return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * y, axis=-1))
+
+
+def mlp_step(params, x, y):
+    grads = jax.grad(mlp_loss)(params, x, y)
+    return jax.tree_util.tree_map(lambda p, g: p - 0.01 * g, params, grads)
+
+
+def softmax(x):
+    return jax.nn.softmax(x, axis=-1)
+
+
+def layer_norm(x, gamma, beta):
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean((x - mean) ** 2, axis=-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + 1e-5) * gamma + beta
+
+
+def attention(q, k, v, wo):
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    mask = jnp.tril(jnp.ones((q.shape[2], k.shape[2]), bool))
+    scores = jnp.where(mask, scores, -1e9)
+    out = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1), v)
+    b, h, s, d = out.shape
+    return out.transpose(0, 2, 1, 3).reshape(b, s, h * d) @ wo
+
+
+def cnn_loss(params, x, y):
+    w1, w2, wd = params
+    h = jax.lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW"))
+    h = jax.nn.relu(h)
+    h = jax.lax.conv_general_dilated(h, w2, (2, 2), "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW"))
+    h = jax.nn.relu(h).reshape(h.shape[0], -1)
+    logits = h @ wd
+    return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * y, axis=-1))
+
+
+def cnn_step(params, x, y):
+    grads = jax.grad(cnn_loss)(params, x, y)
+    return [p - 0.01 * g for p, g in zip(params, grads)]
+
+
+def rnn(w_h, w_x, xs):
+    def cell(h, x):
+        h = jnp.tanh(h @ w_h + x @ w_x)
+        return h, h
+
+    h0 = jnp.zeros((xs.shape[1], w_h.shape[0]), xs.dtype)
+    h, hs = jax.lax.scan(cell, h0, xs)
+    return h, hs.sum()
+
+
+def scalar_add(x, y):
+    return x + y
+
+
+def workloads(rng):
+    r = lambda *s: rng.standard_normal(s).astype(F32)  # noqa: E731
+    mlp_params = [(r(256, 512) * 0.05, r(512)), (r(512, 512) * 0.05, r(512)), (r(512, 10) * 0.05, r(10))]
+    onehot = np.eye(10, dtype=F32)[rng.integers(0, 10, 128)]
+    cnn_params = [r(16, 3, 3, 3) * 0.1, r(32, 16, 3, 3) * 0.1, r(32 * 16 * 16, 10) * 0.01]
+    return [
+        ("elementwise chain 1e6", chain, (r(1_000_000),), None),
+        ("elementwise chain 1.6e7", chain, (r(16_000_000),), None),
+        ("sum 1.6e7", total, (r(16_000_000),), None),
+        ("matmul 256", matmul, (r(256, 256), r(256, 256)), 2 * 256**3),
+        ("matmul 1024", matmul, (r(1024, 1024), r(1024, 1024)), 2 * 1024**3),
+        ("matmul 2048", matmul, (r(2048, 2048), r(2048, 2048)), 2 * 2048**3),
+        ("MLP forward", mlp, (mlp_params, r(128, 256)), None),
+        ("MLP training step", mlp_step, (mlp_params, r(128, 256), onehot), None),
+        ("softmax 512x4096", softmax, (r(512, 4096),), None),
+        ("layer norm 512x4096", layer_norm, (r(512, 4096), r(4096), r(4096)), None),
+        ("attention block", attention, (r(4, 8, 256, 64), r(4, 8, 256, 64), r(4, 8, 256, 64), r(512, 512) * 0.05), None),
+        ("CNN training step", cnn_step, (cnn_params, r(128, 3, 32, 32), onehot), None),
+        ("scan RNN", rnn, (r(256, 256) * 0.05, r(128, 256) * 0.05, r(64, 32, 128)), None),
+    ]
+
+
+# --- timing -----------------------------------------------------------------------
+
+
+def time_call(fn, repeats: int) -> float:
+    """Median seconds per call; each sample loops long enough to be measurable."""
+    fn()
+    start = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - start, 1e-7)
+    loops = max(1, min(10_000, int(0.05 / once)))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(loops):
+            fn()
+        samples.append((time.perf_counter() - start) / loops)
+    return statistics.median(samples)
+
+
+def block(tree):
+    for leaf in jax.tree_util.tree_leaves(tree):
+        if hasattr(leaf, "block_until_ready"):
+            leaf.block_until_ready()
+    return tree
+
+
+def steady_state(repeats: int, only: set[str] | None):
+    rng = np.random.default_rng(0)
+    chosen = [w for w in workloads(rng) if not only or w[0] in only]
+    juju_fns, lowered, skipped = {}, [], {}
+    for name, fn, args, _ in chosen:
+        jf = juju.jit(fn)
+        try:
+            lowered.append(jf.lower(*args))
+            juju_fns[name] = jf
+        except juju.JujuError as exc:
+            skipped[name] = str(exc).splitlines()[0]
+    start = time.perf_counter()
+    juju.compile_all(lowered)
+    print(f"compiled {len(lowered)} graphs in {time.perf_counter() - start:.1f} s", flush=True)
+    rows = []
+    for name, fn, args, flops in chosen:
+        if name in skipped:
+            rows.append({"name": name, "skipped": skipped[name]})
+            continue
+        xla = jax.jit(fn)
+        jax_args = jax.device_put(args)
+        expected = block(xla(*jax_args))
+        got = juju_fns[name](*args)
+        ok = all(
+            np.allclose(np.asarray(g.to_numpy() if hasattr(g, "to_numpy") else g), np.asarray(e),
+                        rtol=2e-3, atol=2e-3)
+            for g, e in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(expected))
+        )
+        t_jax = time_call(lambda: block(xla(*jax_args)), repeats)
+        t_juju = time_call(lambda: juju_fns[name](*args), repeats)
+        row = {"name": name, "jax_s": t_jax, "juju_s": t_juju, "ratio": t_juju / t_jax, "matches": ok}
+        if flops:
+            row["juju_gflops"] = flops / t_juju / 1e9
+            row["jax_gflops"] = flops / t_jax / 1e9
+        rows.append(row)
+        print(format_row(row), flush=True)
+    return rows
+
+
+def dispatch_overhead(repeats: int):
+    from max.driver import Buffer
+
+    x, y = np.array(1.0, F32), np.array(2.0, F32)
+    jf = juju.jit(scalar_add)
+    jf(x, y)
+    model = next(iter(jf._cache.values())).model
+    bx, by = Buffer.from_numpy(x), Buffer.from_numpy(y)
+    xla = jax.jit(scalar_add)
+    jx, jy = jnp.asarray(x), jnp.asarray(y)
+    block(xla(jx, jy))
+    results = {}
+    # Interleave the measurements so that machine noise hits them alike.
+    for _ in range(3):
+        for label, fn in (
+            ("raw MAX execute (buffers)", lambda: model.execute(bx, by)),
+            ("juju call (numpy scalars)", lambda: jf(x, y)),
+            ("juju call (MAX buffers)", lambda: jf(bx, by)),
+            ("juju call (jax arrays)", lambda: jf(jx, jy)),
+            ("jax.jit call (jax arrays)", lambda: block(xla(jx, jy))),
+        ):
+            results.setdefault(label, []).append(time_call(fn, repeats) * 1e6)
+    return {k: statistics.median(v) for k, v in results.items()}
+
+
+STARTUP = textwrap.dedent(
+    """
+    import sys, time, json
+    start = time.perf_counter()
+    import jax, jax.numpy as jnp, numpy as np
+    import juju
+    from benchmarks.run import mlp, workloads
+    rng = np.random.default_rng(0)
+    params, x = [w for w in workloads(rng) if w[0] == "MLP forward"][0][2]
+    imported = time.perf_counter()
+    if sys.argv[1] == "juju":
+        out = juju.jit(mlp)(params, x).to_numpy()
+    else:
+        out = np.asarray(jax.jit(mlp)(params, x))
+    print(json.dumps({"import_s": imported - start, "first_call_s": time.perf_counter() - imported}))
+    """
+)
+
+
+def first_call_latency():
+    """First call of an already-seen function in a new process (warm cache)."""
+    def run(which):
+        result = subprocess.run([sys.executable, "-c", STARTUP, which], capture_output=True,
+                                text=True, cwd=HERE.parent, timeout=600)
+        if result.returncode != 0:
+            raise RuntimeError(result.stderr[-2000:])
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    run("juju")  # warms juju's cache (compiles at most once)
+    juju_runs = [run("juju")["first_call_s"] for _ in range(3)]
+    jax_runs = [run("jax")["first_call_s"] for _ in range(3)]
+    return {"juju_s": statistics.median(juju_runs), "jax_s": statistics.median(jax_runs)}
+
+
+# --- report --------------------------------------------------------------------
+
+
+def format_row(row) -> str:
+    if "skipped" in row:
+        return f"{row['name']:<26} skipped: {row['skipped'][:90]}"
+    extra = f"  {row['juju_gflops']:7.1f} GFLOP/s" if "juju_gflops" in row else ""
+    flag = "" if row["matches"] else "  MISMATCH"
+    return (f"{row['name']:<26} jax {row['jax_s'] * 1e3:9.3f} ms  juju {row['juju_s'] * 1e3:9.3f} ms"
+            f"  ratio {row['ratio']:5.2f}{extra}{flag}")
+
+
+def chart(rows, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    measured = [r for r in rows if "ratio" in r]
+    fig, ax = plt.subplots(figsize=(9, 0.4 * len(measured) + 1.5))
+    names = [r["name"] for r in measured]
+    ratios = [r["ratio"] for r in measured]
+    ax.barh(names, ratios, color=["tab:green" if x <= 1 else "tab:red" for x in ratios])
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.invert_yaxis()
+    ax.set_xlabel("juju time / jax.jit time (lower is better)")
+    ax.set_title("juju (MAX) vs jax.jit (XLA), CPU, medians")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", default="")
+    parser.add_argument("--no-startup", action="store_true")
+    args = parser.parse_args(argv)
+    repeats = 3 if args.quick else 7
+    only = {s.strip() for s in args.only.split(",") if s.strip()} or None
+
+    print(f"jax {jax.__version__}, juju {juju.__version__}, {os.cpu_count()} CPUs")
+    rows = steady_state(repeats, only)
+    ratios = [r["ratio"] for r in rows if "ratio" in r]
+    geomean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else float("nan")
+    print(f"\nsteady-state geomean juju/jax: {geomean:.2f}  (goal <= 0.75)")
+    matmuls = [r for r in rows if r["name"].startswith("matmul") and "juju_gflops" in r]
+    if matmuls:
+        best = max(r["juju_gflops"] for r in matmuls)
+        print(f"best matmul: {best:.1f} GFLOP/s ({best / 205:.0%} of ~205 GFLOP/s fp32 peak; goal >= 80%)")
+
+    overhead = dispatch_overhead(repeats)
+    print("\nper-call cost of a scalar add (median µs):")
+    for label, us in overhead.items():
+        print(f"  {label:<28} {us:8.1f}")
+    added = overhead["juju call (MAX buffers)"] - overhead["raw MAX execute (buffers)"]
+    print(f"  juju's own work over raw execute: {added:.1f} µs (goal <= 5); "
+          f"per tiny call {overhead['juju call (numpy scalars)']:.1f} µs (goal <= 30)")
+
+    startup = None
+    if not args.no_startup:
+        startup = first_call_latency()
+        print(f"\nfirst call in a new process, warm cache: juju {startup['juju_s']:.3f} s, "
+              f"jax.jit {startup['jax_s']:.3f} s, ratio {startup['juju_s'] / startup['jax_s']:.2f} (goal <= 3)")
+
+    report = {"rows": rows, "geomean": geomean, "dispatch_us": overhead, "first_call": startup}
+    (HERE / "results.json").write_text(json.dumps(report, indent=2))
+    if chart(rows, HERE / "results.png"):
+        print(f"\nwrote {HERE / 'results.json'} and {HERE / 'results.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
