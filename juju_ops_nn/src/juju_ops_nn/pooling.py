@@ -67,7 +67,7 @@ rules.register(P.reduce_window_min_p)(_reduce_window(ops.min, lambda d: _extreme
 def _vectorized_body(jaxpr, consts, n, dtypes):
     """The scalar monoid body as a jaxpr over flat vectors of length n."""
     body = jax.extend.core.jaxpr_as_fun(ClosedJaxpr(jaxpr, list(consts)))
-    structs = [jax.ShapeDtypeStruct((n,), d) for d in dtypes]
+    structs = [jax.ShapeDtypeStruct((n,), d) for d in dtypes + dtypes]
     return jax.make_jaxpr(jax.vmap(body))(*structs)
 
 
