@@ -40,3 +40,16 @@ def juju_kernel_libraries():
     `.mojoc` to every graph that uses the rule, calling `KernelLibrary.path()`
     (which may build the library) only then. Called with `juju_rules`.
     """
+
+
+@hookspec
+def juju_jaxpr_rewrites():
+    """Return rewrite passes to run on every traced program before lowering.
+
+    Returns an iterable of callables `rewrite(closed_jaxpr) -> closed_jaxpr`.
+    A pass must return an equivalent program (same inputs and outputs), e.g.
+    one where a multi-equation pattern (softmax, layer norm) is replaced by a
+    single equation that a rule at `Priority.FUSED` lowers to a fused MAX op.
+    Passes run in pack-name order, after tracing and before the rule check,
+    once per traced signature. Collected with `juju_rules`.
+    """

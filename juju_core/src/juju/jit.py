@@ -27,6 +27,7 @@ from juju.dtypes import numpy_dtype
 from juju.engine import Engine, cpu_engine
 from juju.errors import JujuError
 from juju.interpreter import build_graph, check_rules
+from juju.rewrites import apply_rewrites
 
 _graph_ids = itertools.count()
 log = logging.getLogger("juju")
@@ -380,7 +381,7 @@ class JitFunction:
             return out_leaves
 
         self.trace_count += 1
-        closed = jax.make_jaxpr(flat_fun)(*avals)
+        closed = apply_rewrites(jax.make_jaxpr(flat_fun)(*avals))
         registry = plugins.registry()
         required = check_rules(closed, registry, self.engine.device_ref)
         lowered = Lowered(

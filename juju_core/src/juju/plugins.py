@@ -62,6 +62,7 @@ class _State:
     registry: Registry | None = None
     packs: list[PackInfo] = field(default_factory=list)
     libraries: dict[str, KernelLibrary] = field(default_factory=dict)
+    rewrites: list[Callable] = field(default_factory=list)
     generation: int = 0
     extra: list[tuple[str, str, object]] = field(default_factory=list)
 
@@ -126,6 +127,12 @@ def generation() -> int:
 def packs() -> list[PackInfo]:
     registry()
     return list(_state.packs)
+
+
+def jaxpr_rewrites() -> list[Callable]:
+    """The loaded packs' `juju_jaxpr_rewrites` passes, in pack-name order."""
+    registry()
+    return list(_state.rewrites)
 
 
 def kernel_library(name: str) -> KernelLibrary:
@@ -196,7 +203,12 @@ def _build() -> None:
             libraries[lib.name] = lib
             info.libraries.append(lib.name)
 
+    rewrites = []
+    for impl in sorted(pm.hook.juju_jaxpr_rewrites.get_hookimpls(), key=lambda i: i.plugin_name):
+        rewrites += list(impl.function() or ())
+
     _state.registry = Registry(rules, packs=list(infos.values()))
+    _state.rewrites = rewrites
     _state.packs = list(infos.values())
     _state.libraries = libraries
     _state.generation += 1
