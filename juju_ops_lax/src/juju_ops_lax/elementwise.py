@@ -14,7 +14,7 @@ import numpy as np
 from jax import lax
 from max.graph import ops
 
-from juju import RuleSet, lower_fun
+from juju import RuleSet
 from juju._compat import primitives as P
 from juju_ops_lax._util import is_bool, is_float, is_signed_int, is_unsigned_int, scalar
 
@@ -38,8 +38,6 @@ rules.elementwise(
         P.ceil_p: ops.ceil,
         P.logistic_p: ops.sigmoid,
         P.erf_p: ops.erf,
-        P.atanh_p: ops.atanh,
-        P.acos_p: ops.acos,
         P.eq_p: ops.equal,
         P.ne_p: ops.not_equal,
         P.gt_p: ops.greater,
@@ -305,8 +303,3 @@ def _float_to_int(ctx, x, src, dst):
     result = ops.cast(in_range, ctx.max_dtype(dst))
     result = ops.where(too_big, scalar(ctx, info.max, dst), result)
     return ops.where(too_small, scalar(ctx, info.min, dst), result)
-
-
-rules.register(P.cbrt_p)(
-    lower_fun(lambda x, accuracy=None: lax.sign(x) * lax.pow(lax.abs(x), lax.full_like(x, 1 / 3)))
-)

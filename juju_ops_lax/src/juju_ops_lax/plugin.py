@@ -3,12 +3,16 @@
 import juju
 
 from juju_ops_lax import (
+    bits,
+    cumulative,
     control_flow,
     dot,
     elementwise,
     indexing,
     reductions,
     shape,
+    sorting,
+    special,
 )
 
 
@@ -20,5 +24,9 @@ def juju_rules():
         reductions.rules,
         dot.rules,
         indexing.rules,
+        special.rules,
+        cumulative.rules,
+        sorting.rules,
+        bits.rules,
         control_flow.rules,
     ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from max.graph import ops
 
@@ -64,9 +66,59 @@ def lower_slice(ctx, x, *, start_indices, limit_indices, strides):
 
 @rules.register(P.rev_p)
 def lower_rev(ctx, x, *, dimensions):
+    # MAX's slice_tensor has no negative steps: gather with reversed indices.
     shape = ctx.avals_in[0].shape
-    index = [slice(None, None, -1) if d in dimensions else slice(None) for d in range(len(shape))]
-    return ops.slice_tensor(x, index)
+    for d in dimensions:
+        if shape[d] > 1:
+            index = ctx.constant(np.arange(shape[d] - 1, -1, -1, dtype=np.int64), np.int64)
+            x = ops.gather(x, index, axis=d)
+    return x
+
+
+@rules.register(P.pad_p)
+def lower_pad(ctx, x, padding_value, *, padding_config):
+    """Interior padding by interleaving, then edges: negative ones slice."""
+    shape = list(ctx.avals_in[0].shape)
+    dtype = ctx.avals_in[0].dtype
+    out_shape = list(ctx.aval_out.shape)
+    if math.prod(out_shape) == 0:
+        return ops.broadcast_to(padding_value, out_shape)
+    if math.prod(shape) == 0:
+        return ops.broadcast_to(padding_value, out_shape)
+
+    def fill(shape_):
+        return ops.broadcast_to(padding_value, shape_)
+
+    for d, (lo, hi, interior) in enumerate(padding_config):
+        n = shape[d]
+        if interior > 0 and n > 1:
+            # (..., n, 1, ...) ++ (..., n, interior, ...) -> (..., n*(1+interior), ...)
+            expanded = shape[:d + 1] + [1] + shape[d + 1:]
+            pad_shape = shape[:d + 1] + [interior] + shape[d + 1:]
+            x = ops.concat([ops.reshape(x, expanded), fill(pad_shape)], axis=d + 1)
+            full = n * (1 + interior)
+            x = ops.reshape(x, shape[:d] + [full] + shape[d + 1:])
+            n = full - interior
+            x = ops.slice_tensor(x, [slice(None)] * d + [slice(0, n)])
+            shape[d] = n
+        if lo < 0:
+            x = ops.slice_tensor(x, [slice(None)] * d + [slice(-lo, n)])
+            n += lo
+            shape[d] = n
+        if hi < 0:
+            x = ops.slice_tensor(x, [slice(None)] * d + [slice(0, n + hi)])
+            n += hi
+            shape[d] = n
+        parts = []
+        if lo > 0:
+            parts.append(fill(shape[:d] + [lo] + shape[d + 1:]))
+        if n > 0:
+            parts.append(x)
+        if hi > 0:
+            parts.append(fill(shape[:d] + [hi] + shape[d + 1:]))
+        shape[d] = max(lo, 0) + n + max(hi, 0)
+        x = parts[0] if len(parts) == 1 else ops.concat(parts, axis=d)
+    return x
 
 
 @rules.register(P.iota_p)

@@ -1,0 +1,164 @@
+"""sort (several operands, num_keys, stable, XLA's total order), top_k.
+
+MAX's argsort only handles one rank-1 tensor, so sorting is done by ranking:
+each element's rank is the number of elements before it in XLA's total
+order (ties broken by position, which makes the sort stable), the inverse
+permutation follows from the ranks, and every operand is gathered with it.
+This is O(n^2) in the sorted dimension, fine for the sizes jax programs sort
+inside a jitted function but not for large arrays.
+
+XLA's total order for floats: -NaN < -inf < ... < -0.0 < +0.0 < ... < inf < NaN
+(JAX canonicalizes NaNs to +NaN, so NaNs sort last).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from max.graph import ops
+
+from juju import RuleSet
+from juju._compat import primitives as P
+from juju_ops_lax._util import is_bool, is_float, scalar
+
+rules = RuleSet()
+_I64 = np.int64
+
+
+def _signbit(ctx, x, dtype):
+    zero = scalar(ctx, 0, dtype)
+    one = scalar(ctx, 1, dtype)
+    # For zeros, the sign shows in 1/x; elsewhere x < 0 says it.
+    recip = ops.div(one, ops.where(ops.equal(x, zero), x, one))
+    return ops.where(ops.equal(x, zero), ops.greater(zero, recip), ops.greater(zero, x))
+
+
+def _lt_eq(ctx, a, b, dtype):
+    """(a < b, a == b) in XLA's total order, elementwise with broadcasting."""
+    if is_bool(dtype):
+        i32 = ctx.max_dtype(np.int32)
+        a, b = ops.cast(a, i32), ops.cast(b, i32)
+    if not is_float(dtype):
+        return ops.greater(b, a), ops.equal(a, b)
+    nan_a, nan_b = ops.is_nan(a), ops.is_nan(b)
+    sa, sb = _signbit(ctx, a, dtype), _signbit(ctx, b, dtype)
+    num_eq = ops.equal(a, b)
+    zero_order = ops.logical_and(num_eq, ops.logical_and(sa, ops.logical_not(sb)))
+    lt = ops.logical_or(ops.greater(b, a), zero_order)
+    lt = ops.logical_and(ops.logical_not(nan_a), ops.logical_or(lt, nan_b))
+    eq = ops.logical_or(ops.logical_and(num_eq, ops.equal(sa, sb)),
+                        ops.logical_and(nan_a, nan_b))
+    return lt, eq
+
+
+def _to_last(x, dim, rank):
+    if dim == rank - 1:
+        return x
+    order = [d for d in range(rank) if d != dim] + [dim]
+    return ops.permute(x, order)
+
+
+def _from_last(x, dim, rank):
+    if dim == rank - 1:
+        return x
+    order = [d for d in range(rank) if d != dim] + [dim]
+    inverse = [order.index(d) for d in range(rank)]
+    return ops.permute(x, inverse)
+
+
+def _ranks(ctx, keys, dtypes, n, descending=False):
+    """Stable rank of each element along the last axis (shape [..., n])."""
+    lt_all = None
+    eq_all = None
+    for key, dtype in zip(keys, dtypes):
+        shape = list(key.shape)
+        a = ops.reshape(key, shape + [1])          # element i on axis -2
+        b = ops.reshape(key, shape[:-1] + [1, n])  # element j on axis -1
+        lt, eq = _lt_eq(ctx, a, b, dtype) if descending else _lt_eq(ctx, b, a, dtype)
+        # `lt` now says "j sorts before i"
+        if lt_all is None:
+            lt_all, eq_all = lt, eq
+        else:
+            lt_all = ops.logical_or(lt_all, ops.logical_and(eq_all, lt))
+            eq_all = ops.logical_and(eq_all, eq)
+    i = ops.reshape(ctx.constant(np.arange(n, dtype=_I64), _I64), [n, 1])
+    j = ops.reshape(ctx.constant(np.arange(n, dtype=_I64), _I64), [1, n])
+    before = ops.logical_or(lt_all, ops.logical_and(eq_all, ops.greater(i, j)))
+    count = ops.sum(ops.cast(before, ctx.max_dtype(_I64)), axis=-1)
+    return ops.reshape(count, list(keys[0].shape))
+
+
+def _permutation(ctx, ranks, n):
+    """perm[..., r] = index of the element whose rank is r."""
+    shape = list(ranks.shape)
+    r = ops.reshape(ranks, shape + [1])
+    j = ops.reshape(ctx.constant(np.arange(n, dtype=_I64), _I64), [1, n])
+    i = ops.reshape(ctx.constant(np.arange(n, dtype=_I64), _I64), [n, 1])
+    hit = ops.cast(ops.equal(r, j), ctx.max_dtype(_I64))
+    perm = ops.sum(ops.mul(hit, i), axis=-2)
+    return ops.reshape(perm, shape)
+
+
+def _take_last(ctx, x, perm, n):
+    """x[..., perm[..., k]] for x and perm of shape [..., n] / [..., m]."""
+    shape = list(x.shape)
+    rows = math.prod(int(d) for d in shape[:-1])
+    m = int(perm.shape[-1])
+    base = ops.reshape(ctx.constant(np.arange(rows, dtype=_I64) * n, _I64), [rows, 1])
+    flat = ops.add(ops.reshape(perm, [rows, m]), base)
+    out = ops.gather(ops.reshape(x, [rows * n]), ops.reshape(flat, [rows * m]), axis=0)
+    return ops.reshape(out, shape[:-1] + [m])
+
+
+@rules.register(P.sort_p)
+def lower_sort(ctx, *operands, dimension, is_stable, num_keys):
+    shape = list(ctx.avals_in[0].shape)
+    rank = len(shape)
+    n = shape[dimension]
+    if n <= 1 or math.prod(shape) == 0:
+        return list(operands)
+    moved = [_to_last(x, dimension, rank) for x in operands]
+    dtypes = [a.dtype for a in ctx.avals_in]
+    ranks = _ranks(ctx, moved[:num_keys], dtypes[:num_keys], n)
+    perm = _permutation(ctx, ranks, n)
+    return [_from_last(_take_last(ctx, x, perm, n), dimension, rank) for x in moved]
+
+
+@rules.register(P.top_k_p)
+def lower_top_k(ctx, operand, *dyn, k, axis=-1):
+    shape = list(ctx.avals_in[0].shape)
+    rank = len(shape)
+    axis = axis % rank
+    n = shape[axis]
+    index_dtype = ctx.avals_out[1].dtype
+    x = _to_last(operand, axis, rank)
+    if n == 0 or k == 0 or math.prod(shape) == 0:
+        out_shape = list(ctx.avals_out[0].shape)
+        return [ops.broadcast_to(scalar(ctx, 0, ctx.avals_in[0].dtype), out_shape),
+                ops.broadcast_to(scalar(ctx, 0, index_dtype), out_shape)]
+    ranks = _ranks(ctx, [x], [ctx.avals_in[0].dtype], n, descending=True)
+    perm = _permutation(ctx, ranks, n)
+    perm = ops.slice_tensor(perm, [slice(None)] * (rank - 1) + [slice(0, k)])
+    values = _from_last(_take_last(ctx, x, perm, n), axis, rank)
+    indices = _from_last(ops.cast(perm, ctx.max_dtype(index_dtype)), axis, rank)
+    return [values, indices]
+
+
+@rules.register(P.approx_top_k_p)
+def lower_approx_top_k(ctx, operand, *, k, reduction_dimension, recall_target, is_max_k,
+                       reduction_input_size_override, aggregate_to_topk):
+    # XLA on CPU computes approx_top_k exactly (sorted, ties by lower index).
+    if not aggregate_to_topk:
+        raise NotImplementedError("approx_top_k: parameter aggregate_to_topk=False")
+    shape = list(ctx.avals_in[0].shape)
+    rank = len(shape)
+    axis = reduction_dimension % rank
+    n = shape[axis]
+    x = _to_last(operand, axis, rank)
+    ranks = _ranks(ctx, [x], [ctx.avals_in[0].dtype], n, descending=is_max_k)
+    perm = _permutation(ctx, ranks, n)
+    perm = ops.slice_tensor(perm, [slice(None)] * (rank - 1) + [slice(0, k)])
+    values = _from_last(_take_last(ctx, x, perm, n), axis, rank)
+    indices = _from_last(ops.cast(perm, ctx.max_dtype(ctx.avals_out[1].dtype)), axis, rank)
+    return [values, indices]
