@@ -13,6 +13,7 @@ from juju_ops_lax import (
     shape,
     sorting,
     special,
+    windowed,
 )
 
 
@@ -28,5 +29,6 @@ def juju_rules():
         cumulative.rules,
         sorting.rules,
         bits.rules,
+        windowed.rules,
         control_flow.rules,
     ]
