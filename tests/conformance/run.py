@@ -214,9 +214,10 @@ def write_coverage(results: dict, meta: dict, path: Path = COVERAGE):
         "",
         "## Known gaps in the CI sample",
         "",
-        "`tests/test_conformance_sample.py` runs a fixed sample (2 harnesses per group,",
-        "chosen by name hash) and xfails these, from `tests/conformance/known_gaps.json`",
-        "(`python -m tests.conformance.run --sample 2 --update-known-gaps` rewrites it):",
+        "`tests/test_conformance_sample.py` runs a fixed sample (1 harness per group,",
+        "chosen by name hash, real dtypes first) and xfails these, from",
+        "`tests/conformance/known_gaps.json` (`python -m tests.conformance.run --sample 1",
+        "--update-known-gaps` rewrites it from a run):",
         "",
         "| harness | reason |",
         "|---|---|",
@@ -249,6 +250,8 @@ def main(argv=None) -> int:
     p.add_argument("--update-known-gaps", action="store_true",
                    help="record the sample's failures in tests/conformance/known_gaps.json")
     p.add_argument("--match", help="only harnesses whose name contains this")
+    p.add_argument("--list", action="store_true",
+                   help="print the selected harness names as JSON and exit")
     args = p.parse_args(argv)
 
     from tests.conformance.harnesses import listing, sample
@@ -266,6 +269,9 @@ def main(argv=None) -> int:
     if args.match:
         names = [n for n in names if args.match in n]
     full = not args.sample and not args.groups and not args.match
+    if args.list:
+        print(json.dumps(names))
+        return 0
     print(f"[conformance] {len(names)} harnesses, batch size {args.batch_size}, "
           f"jobs {args.jobs}", flush=True)
     start = time.monotonic()

@@ -9,11 +9,11 @@ from juju_ops_lax import (
     dot,
     elementwise,
     indexing,
+    reduce_generic,
     reductions,
     shape,
     sorting,
     special,
-    windowed,
 )
 
 
@@ -29,6 +29,6 @@ def juju_rules():
         cumulative.rules,
         sorting.rules,
         bits.rules,
-        windowed.rules,
+        reduce_generic.rules,
         control_flow.rules,
     ]

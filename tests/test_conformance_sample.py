@@ -1,0 +1,56 @@
+"""CI's fixed conformance sample: one JAX harness per group through juju.
+
+The sample (chosen by name hash, see tests/conformance/harnesses.py) runs in
+worker subprocesses, all in one MAX compilation, isolated from this process
+(a MAX crash fails the harness, not pytest). Known gaps are data,
+tests/conformance/known_gaps.json, shared with docs/coverage.md; they xfail
+with their reason. Refresh both with
+`python -m tests.conformance.run --sample 1 --update-known-gaps --write-docs`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conformance.run import load_known_gaps, run_harnesses
+
+ROOT = Path(__file__).resolve().parents[1]
+PER_GROUP = 1
+
+
+def _sample() -> list[str]:
+    # Listed in a subprocess: the harness module needs x64, which must not leak
+    # into this pytest process.
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.conformance.run", "--sample", str(PER_GROUP), "--list"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+SAMPLE = _sample()
+GAPS = load_known_gaps()
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_harnesses(SAMPLE, batch_size=len(SAMPLE), verbose=False)
+
+
+def test_sample_covers_every_group():
+    assert len(SAMPLE) >= 130
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_harness(results, name):
+    result = results[name]
+    if name in GAPS and result["status"] != "pass":
+        pytest.xfail(GAPS[name])
+    if result["status"] == "skip":
+        pytest.skip(result["reason"])
+    assert result["status"] == "pass", f"{result['status']}: {result['reason']}"
