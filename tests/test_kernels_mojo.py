@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax.extend import random as jex_random
 from max.graph import DeviceRef
 
 import juju
@@ -85,6 +86,25 @@ def grad_and_vmap(x, y):
     }
 
 
+def threefry(key, counts, k0, c0):
+    return (
+        # as jax.random's threefry_2x32 calls it (without its `split`)
+        jex_random.threefry2x32_p.bind(key[0], key[1], counts[:6], counts[6:]),
+        jex_random.threefry2x32_p.bind(
+            key[0], key[1], counts.reshape(3, 4), counts[::-1].reshape(3, 4)
+        ),
+        jex_random.threefry2x32_p.bind(k0, k0, c0, c0),  # rank-0 keys
+    )
+
+
+THREEFRY_ARGS = (
+    np.array([0x12345678, 0x9ABCDEF0], np.uint32),
+    rng.integers(0, 2**32, size=12, dtype=np.uint32),
+    np.uint32(42),
+    rng.integers(0, 2**32, size=(2, 5), dtype=np.uint32),
+)
+
+
 def float_inputs(dtype, shape=(6, 4)):
     return [rng.normal(size=shape).astype(dtype) for _ in range(3)]
 
@@ -105,6 +125,7 @@ bit_ops_jit = juju.jit(bit_ops)
 new_primitives_jit = juju.jit(new_primitives)
 logsumexp_jit = juju.jit(logsumexp_ops)
 grad_and_vmap_jit = juju.jit(grad_and_vmap)
+threefry_jit = juju.jit(threefry)
 
 BIT_ARGS = {np.dtype(d).name: bit_inputs(d) for d in INT_DTYPES}
 FLOAT_ARGS = {np.dtype(d).name: float_inputs(d) for d in FLOAT_DTYPES + [np.int32]}
@@ -122,7 +143,7 @@ CASES = (
     + [(BF16_JIT[name], BF16_ARGS[name]) for name in BF16_JIT]
     + [(new_primitives_jit, args) for args in FLOAT_ARGS.values()]
     + [(logsumexp_jit, (x,)) for x in LSE_ARGS.values()]
-    + [(grad_and_vmap_jit, GV_ARGS)]
+    + [(grad_and_vmap_jit, GV_ARGS), (threefry_jit, THREEFRY_ARGS)]
 )
 
 
@@ -196,6 +217,12 @@ def test_bfloat16_kernels_match_jax(lowered, name):
     assert_same(
         BF16_JIT[name](*args), jax.jit(BF16_FUNCTIONS[name])(*args), rtol=2e-2, atol=2e-2
     )
+
+
+def test_threefry_matches_jax(lowered):
+    assert_same(threefry_jit(*THREEFRY_ARGS), jax.jit(threefry)(*THREEFRY_ARGS))
+    packs = winning_packs(threefry_jit.lower(*THREEFRY_ARGS).closed_jaxpr)
+    assert packs["threefry2x32"] == {"mojo"}
 
 
 def test_grad_vmap_jvp_over_kernel_primitives(lowered):
@@ -326,12 +353,15 @@ GPU_SCRIPT = textwrap.dedent(
     driver.set_virtual_device_target_arch("sm_90a")
     driver.set_virtual_device_count(1)
     from jax import lax
+    from jax.extend import random as jex_random
     import juju, juju_kernels_mojo as jk
 
     def f(a, b, x):
+        u = a.astype(np.uint32)
         return (a & b, lax.shift_right_logical(a, b), lax.shift_right_arithmetic(a, b),
                 lax.population_count(a), lax.clz(a), ~a,
-                jk.add_one(x), jk.fma(x, x, x), jk.row_logsumexp(x))
+                jk.add_one(x), jk.fma(x, x, x), jk.row_logsumexp(x),
+                jex_random.threefry2x32_p.bind(u, u, u, u))
 
     fn = juju.jit(f, engine=juju.gpu_engine())
     a = np.arange(8, dtype=np.int32)

@@ -9,7 +9,7 @@ uses one of them.
 New primitives: `add_one`, `fma` (fused x * y + z), `row_logsumexp`.
 Kernels for lax primitives MAX has no op for (at `Priority.KERNEL`): integer
 `and`/`or`/`xor`/`not`, `shift_left`, `shift_right_logical`,
-`shift_right_arithmetic`, `population_count`, `clz`.
+`shift_right_arithmetic`, `population_count`, `clz`, and `threefry2x32`.
 """
 
 from pathlib import Path

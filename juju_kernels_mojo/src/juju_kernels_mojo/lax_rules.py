@@ -1,7 +1,9 @@
-"""Kernels for lax primitives MAX has no graph op for (integer bit operations).
+"""Kernels for lax primitives MAX has no graph op for: integer bit operations
+and the Threefry hash of `jax.random`.
 
-Registered at `Priority.KERNEL`; each guard accepts integer dtypes only, so
-booleans (logical and/or/not) fall through to the generic lax rules.
+Registered at `Priority.KERNEL`; the bit operations' guard accepts integer
+dtypes only, so booleans (logical and/or/not) fall through to the generic lax
+rules.
 """
 
 from __future__ import annotations
@@ -56,3 +58,8 @@ rules.register(
 rules.register(
     *UNARY_OPS, priority=juju.Priority.KERNEL, guard=integer_operands, requires=(LIBRARY,)
 )(lower_bitwise_unary)
+
+
+@rules.register(P.threefry2x32_p, priority=juju.Priority.KERNEL, requires=(LIBRARY,))
+def lower_threefry2x32(ctx, key1, key2, x1, x2):
+    return call_kernel(ctx, "juju_threefry2x32", *broadcast_operands(ctx, key1, key2, x1, x2))

@@ -27,9 +27,9 @@ def call_kernel(
 
 
 def broadcast_operands(ctx, *operands: TensorValue) -> list[TensorValue]:
-    """Operands broadcast to the (single) output shape: lax allows rank-0
-    literals beside arrays in binary ops, kernels want equal shapes."""
-    shape = tuple(ctx.aval_out.shape)
+    """Operands broadcast to the (first) output shape: lax allows rank-0
+    operands beside arrays in some ops, kernels want equal shapes."""
+    shape = tuple(ctx.avals_out[0].shape)
     return [
         x if tuple(aval.shape) == shape else ops.broadcast_to(x, shape)
         for x, aval in zip(operands, ctx.avals_in)
