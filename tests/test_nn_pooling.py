@@ -48,6 +48,7 @@ CASES = [
     Case("grad_max_pool", jax.grad(lambda x: (max_pool((1, 2, 2, 1), (1, 2, 2, 1), "VALID")(x) ** 2).sum()), (x4,)),
     Case("grad_max_pool_overlap", jax.grad(lambda x: (max_pool((1, 3, 3, 1), (1, 2, 2, 1), "SAME")(x) * 1.5).sum()), (x4,)),
     Case("grad_min_pool", jax.grad(lambda x: (min_pool((3, 3), (2, 1), "SAME")(x) ** 2).sum()), (rand(7, 6),)),
+    Case("grad_avg_pool", jax.grad(lambda x: (avg_pool((1, 2, 2, 1), (1, 2, 2, 1), "SAME")(x) ** 2).sum()), (x4,)),
     Case("jvp_max_pool", lambda x, t: jax.jvp(max_pool((1, 3, 3, 1), (1, 2, 2, 1), "SAME"), (x,), (t,)), (x4, rand(2, 8, 8, 3))),
     Case("jvp_max_pool_dilated", lambda x, t: jax.jvp(max_pool((2, 2), (1, 1), "VALID", base=(2, 1), wdil=(1, 2)), (x,), (t,)),
          (rand(5, 6), rand(5, 6))),
@@ -61,6 +62,8 @@ def results():
 
 @pytest.mark.parametrize("name", [c.name for c in CASES])
 def test_pooling(results, name):
+    if name == "grad_avg_pool" and results[name].error is not None:
+        pytest.xfail(f"needs lax `pad` (juju-ops-lax): {results[name].error}")
     results[name].check()
 
 

@@ -56,6 +56,13 @@ _SHIFT = Op("sub", X("x"), Opt("stop_gradient", _bcast(Opt("stop_gradient", Any(
 _EXP = Op("exp", _SHIFT)
 
 SOFTMAX = Op("div", _EXP, _bcast(Op("reduce_sum", _EXP, name="rsum")))
+
+# jax.nn.dot_product_attention transposes the scores between the max and the
+# subtraction: softmax(transpose(x)).
+_SHIFT_T = Op("sub", Op("transpose", X("x"), name="tx"), Opt("stop_gradient", _bcast(Opt(
+    "stop_gradient", Op("transpose", Any(Op("max", Lit(_is_neg_inf), _MAX), _MAX))))))
+_EXP_T = Op("exp", _SHIFT_T)
+SOFTMAX_T = Op("div", _EXP_T, _bcast(Op("reduce_sum", _EXP_T, name="rsum")))
 LOG_SOFTMAX = Op("sub", _SHIFT, Op("log", _bcast(Op("reduce_sum", _EXP, name="rsum"))))
 
 GELU_TANH = Op("mul", X("x"), Op("mul", Lit(near(0.5)), Op("add", Lit(near(1.0)), Op("tanh", Op(
@@ -94,6 +101,16 @@ def _single_axis(*eqns):
 def _softmax_attrs(m, matcher):
     axis = _single_axis(m.binds["rmax"], m.binds["rsum"])
     return None if axis is None else {"axis": axis}
+
+
+def _softmax_t_attrs(m, matcher):
+    """softmax over axis j of transpose(x, perm): max over x's axis perm[j]."""
+    a = _single_axis(m.binds["rmax"])
+    j = _single_axis(m.binds["rsum"])
+    perm = tuple(int(p) for p in m.binds["tx"].params["permutation"])
+    if a is None or j is None or perm[j] != a:
+        return None
+    return {"axis": j, "perm": perm}
 
 
 def _gelu_attrs(approximate):
@@ -136,6 +153,7 @@ PATTERNS = [
     Pattern("rms_norm", _RMS, ("x",), _norm_attrs(("rms",), ("n",), ("w",))),
     Pattern("log_softmax", LOG_SOFTMAX, ("x",), _softmax_attrs),
     Pattern("softmax", SOFTMAX, ("x",), _softmax_attrs),
+    Pattern("softmax", SOFTMAX_T, ("x",), _softmax_t_attrs),
     Pattern("gelu", GELU_TANH, ("x",), _gelu_attrs("tanh")),
     Pattern("gelu", GELU_EXACT, ("x",), _gelu_attrs("none")),
 ]
@@ -174,9 +192,11 @@ def _along(op, x, axis, rank):
 
 @rules.register(nn_fused_p, priority=Priority.FUSED, guard=_named("softmax", "log_softmax"))
 def lower_nn_fused_softmax(ctx, x, *, name, attrs, call_jaxpr):
-    axis = dict(attrs)["axis"]
+    attrs = dict(attrs)
+    if "perm" in attrs:
+        x = ops.permute(x, list(attrs["perm"]))
     op = ops.softmax if name == "softmax" else ops.logsoftmax
-    return [_along(op, x, axis, len(ctx.avals_in[0].shape))]
+    return [_along(op, x, attrs["axis"], len(ctx.avals_in[0].shape))]
 
 
 @rules.register(nn_fused_p, priority=Priority.FUSED, guard=_named("gelu"))
