@@ -33,6 +33,7 @@ from jax import tree_util
 from juju import _structural
 from juju._compat import (
     ClosedJaxpr,
+    sub_jaxprs_of_params,
     JaxPrimitive,
     ad_jvp_jaxpr,
     ad_Zero,
@@ -150,7 +151,43 @@ def runner(jaxpr: ClosedJaxpr, engine, name):
     return found
 
 
+class Stats:
+    """How many times juju_call ran on MAX: eagerly, and from XLA callbacks."""
+
+    eager = 0
+    callbacks = 0
+
+
+def lower_calls(fun, *args, **kwargs) -> list:
+    """Lower (not compile) the MAX graphs that `fun(*args, **kwargs)` will run
+    through juju_call, e.g. for `fun = jax.grad(juju.jit(f))` or a `jax.jit`
+    function calling `juju.jit` ones. Pass them to `juju.compile_all` to
+    compile them all in one MAX compilation before the first call.
+    """
+    closed = jax.make_jaxpr(fun)(*args, **kwargs)
+    lowered = []
+
+    def visit(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive is juju_call_p:  # nested juju_calls are inlined in it
+                fn = runner(eqn.params["jaxpr"], eqn.params["engine"], eqn.params["name"])
+                avals = [v.aval for v in eqn.invars]
+                # eager calls see jax arrays (weak types kept), XLA callbacks numpy
+                for weak in {tuple(a.weak_type for a in avals), (False,) * len(avals)}:
+                    lowered.append(fn.lower(*[
+                        jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=w)
+                        for a, w in zip(avals, weak)
+                    ]))
+                continue
+            for sub in sub_jaxprs_of_params(eqn.params):
+                visit(sub)
+
+    visit(closed.jaxpr)
+    return list({id(low): low for low in lowered}.values())  # each graph once
+
+
 def _impl(*args, jaxpr, engine, name):
+    Stats.eager += 1
     outs = runner(jaxpr, engine, name)(*args)
     return [jax.numpy.from_dlpack(o) for o in outs]
 
@@ -161,6 +198,7 @@ def _abstract_eval(*avals, jaxpr, engine, name):
 
 def _host_callback(*arrays, jaxpr, engine, name):
     """Runs on the host when XLA reaches the callback."""
+    Stats.callbacks += 1
     outs = runner(jaxpr, engine, name)(*arrays)
     return [
         np.asarray(o.to_numpy()).reshape(a.shape)

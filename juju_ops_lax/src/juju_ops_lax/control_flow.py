@@ -15,6 +15,7 @@ enclosing graph rather than carried.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 
 import numpy as np
@@ -56,6 +57,32 @@ def _region_op():
         _nesting.depth = depth
 
 
+def _while_loop(init, predicate, body):
+    """`ops.while_loop`, with carries of rank >= 2 carried flat.
+
+    MAX 26.7's layout pass gives a carry that feeds a matmul a packed layout
+    inside the body only, and the loop then fails to compile ("successor
+    operand type ... should match ... layout<KN>"). Carrying it as a vector
+    (reshapes are free) keeps the layout inside the body.
+    """
+    shapes = [[int(d) for d in v.shape] for v in init]
+
+    def flat(values):
+        return [ops.reshape(v, [math.prod(s)]) if len(s) >= 2 else v
+                for v, s in zip(values, shapes)]
+
+    def unflat(values):
+        return [ops.reshape(v, s) if len(s) >= 2 else v for v, s in zip(values, shapes)]
+
+    with _region_op():
+        out = ops.while_loop(
+            flat(init),
+            lambda *carry: predicate(*unflat(carry)),
+            lambda *carry: flat(body(*unflat(carry))),
+        )
+    return unflat(out)
+
+
 def _tensor_types(ctx, avals):
     return [TensorType(ctx.max_dtype(a.dtype), list(a.shape), device=ctx.device) for a in avals]
 
@@ -93,16 +120,32 @@ def lower_while(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
     init = args[cond_nconsts + body_nconsts :]
     if not init:
         raise NotImplementedError("while: a loop without carried values")
+    # vmap of a while with a batched predicate leaves a predicate with batch
+    # dims: as in XLA's lowering, loop while any element holds, and let only
+    # the elements whose predicate holds advance (batch dims lead each carry).
+    pred_shape = tuple(cond_jaxpr.out_avals[0].shape)
 
     def predicate(*carry):
         (pred,) = ctx.lower(cond_jaxpr, *cond_consts, *carry)
+        if pred_shape:
+            pred = ops.reshape(pred, [-1])
+            as_int = ops.cast(pred, DType.int32)
+            pred = ops.reshape(ops.greater(ops.max(as_int, axis=0), 0), [])
         return _on_host(ctx, pred)
 
     def body(*carry):
-        return ctx.lower(body_jaxpr, *body_consts, *carry)
+        new = ctx.lower(body_jaxpr, *body_consts, *carry)
+        if not pred_shape:
+            return new
+        (pred,) = ctx.lower(cond_jaxpr, *cond_consts, *carry)
+        out = []
+        for old, value, aval in zip(carry, new, ctx.avals_out):
+            shape = list(aval.shape)
+            mask = ops.reshape(pred, list(pred_shape) + [1] * (len(shape) - len(pred_shape)))
+            out.append(ops.where(ops.broadcast_to(mask, shape), value, old))
+        return out
 
-    with _region_op():
-        return ops.while_loop(list(init), predicate, body)
+    return _while_loop(list(init), predicate, body)
 
 
 # --- scan ----------------------------------------------------------------------
@@ -164,10 +207,9 @@ def lower_scan(ctx, *args, reverse, length, jaxpr, num_consts, num_carry, unroll
             bufs = [ops.scatter_nd(b, ops.unsqueeze(v, 0), at) for b, v in zip(bufs, y)]
         return [i + _counter(unroll), *carry, *bufs]
 
-    with _region_op():
-        state = ops.while_loop(
-            [_counter(0), *init, *buffers], lambda i, *_: i < _counter(trips), body
-        )
+    state = _while_loop(
+        [_counter(0), *init, *buffers], lambda i, *_: i < _counter(trips), body
+    )
     carry, bufs = list(state[1 : 1 + num_carry]), list(state[1 + num_carry :])
     for i in range(trips, length):  # the remainder when unroll does not divide length
         carry, y, index = step(carry, i)
