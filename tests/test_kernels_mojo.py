@@ -130,6 +130,8 @@ threefry_jit = juju.jit(threefry)
 BIT_ARGS = {np.dtype(d).name: bit_inputs(d) for d in INT_DTYPES}
 FLOAT_ARGS = {np.dtype(d).name: float_inputs(d) for d in FLOAT_DTYPES + [np.int32]}
 LSE_ARGS = {np.dtype(d).name: float_inputs(d, (6, 4))[0] for d in FLOAT_DTYPES}
+LSE_ARGS["float32"][1] = -np.inf  # rows of -inf and with +inf, as jax handles them
+LSE_ARGS["float32"][2, 3] = np.inf
 GV_ARGS = float_inputs(np.float32, (5, 3))[:2]
 
 new_primitives_bf16 = in_bfloat16(new_primitives)

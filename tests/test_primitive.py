@@ -286,9 +286,8 @@ def test_abstract_evaluation_errors_surface_at_trace_time():
 
 def test_missing_kernel_library_names_the_fix():
     no_library = juju.Primitive("docs_add_one_no_library", add_one_lowering, add_one_abstract)
-    low = juju.jit(lambda x: no_library(x) * 2).lower(X)
     with pytest.raises(juju.LoweringError, match="docs_add_one_no_library") as info:
-        low.build_graph()
+        juju.jit(lambda x: no_library(x) * 2).lower(X).build_graph()
     assert "kernel_library=" in str(info.value.__cause__)
     assert "test_primitive.py" in str(info.value)  # the user's line, not primitive.py
 

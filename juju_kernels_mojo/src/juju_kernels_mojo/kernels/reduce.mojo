@@ -3,7 +3,8 @@
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
 from max.gpu import global_idx
-from std.math import exp, log
+from std.math import exp, log, isinf
+from std.utils.numerics import inf
 
 
 @register("juju_row_logsumexp")
@@ -40,11 +41,15 @@ struct RowLogSumExp:
 
 @always_inline
 def _row_logsumexp(x: InputTensor, i: Int, cols: Int) -> Scalar[x.dtype]:
-    # Accumulate in float32 at least, so half precision stays accurate.
-    var m = Float32.MIN
+    # Accumulate in float32 at least (float64 for float64 input).
+    comptime acc = DType.float64 if x.dtype == DType.float64 else DType.float32
+    comptime assert acc.is_floating_point()
+    var m = Scalar[acc](-inf[acc]())
     for j in range(cols):
-        m = max(m, x[i, j].cast[DType.float32]())
-    var s = Float32(0)
+        m = max(m, x[i, j].cast[acc]())
+    if isinf(m):  # empty row, all -inf, or some +inf: the answer is m
+        return m.cast[x.dtype]()
+    var s = Scalar[acc](0)
     for j in range(cols):
-        s += exp(x[i, j].cast[DType.float32]() - m)
+        s += exp(x[i, j].cast[acc]() - m)
     return (m + log(s)).cast[x.dtype]()
