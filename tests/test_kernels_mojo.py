@@ -378,3 +378,42 @@ def test_kernels_compile_for_gpu_without_a_gpu():
         [sys.executable, "-c", GPU_SCRIPT], capture_output=True, text=True, timeout=600
     )
     assert "MODEL CompileOnlyModel" in proc.stdout, proc.stdout + proc.stderr[-4000:]
+
+
+# --- 64-bit dtypes (needs x64, so a fresh process) ----------------------------
+
+X64_SCRIPT = textwrap.dedent(
+    """
+    import numpy as np, jax
+    from jax import lax
+    import juju, juju_kernels_mojo as jk
+
+    def f(a, b, u, v, x):
+        return (a & b, a | b, lax.shift_left(a, b), lax.shift_right_logical(a, b),
+                lax.shift_right_arithmetic(a, b), lax.population_count(a), lax.clz(a), ~a,
+                u ^ v, lax.shift_right_arithmetic(u, v), lax.shift_right_logical(u, v),
+                lax.clz(u), jk.add_one(x), jk.fma(x, x, x), jk.row_logsumexp(x))
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(-2**63, 2**63 - 1, size=16, dtype=np.int64)
+    b = rng.integers(-3, 70, size=16).astype(np.int64)
+    u = rng.integers(0, 2**64 - 1, size=16, dtype=np.uint64)
+    v = rng.integers(0, 70, size=16).astype(np.uint64)
+    x = rng.normal(size=(4, 4))
+    got, want = juju.jit(f)(a, b, u, v, x), jax.jit(f)(a, b, u, v, x)
+    for g, w in zip(got, want):
+        g, w = g.to_numpy(), np.asarray(w)
+        assert g.dtype == w.dtype, (g.dtype, w.dtype)
+        np.testing.assert_allclose(g, w, rtol=1e-13)
+    print("X64 OK")
+    """
+)
+
+
+@pytest.mark.full
+def test_64_bit_dtypes_match_jax():
+    env = dict(os.environ, JAX_ENABLE_X64="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", X64_SCRIPT], capture_output=True, text=True, env=env, timeout=900
+    )
+    assert "X64 OK" in proc.stdout, proc.stdout + proc.stderr[-4000:]

@@ -275,6 +275,11 @@ def test_jax_jit_uses_the_jax_implementation():
     assert_same(jax.jit(multiple_results)(X), multiple_results(X))
 
 
+def test_jax_jit_without_jax_implementation_says_what_is_missing():
+    with pytest.raises(NotImplementedError, match="sincos_max_only.*jax_implementation"):
+        jax.jit(sincos_max_only)(X)
+
+
 def test_abstract_evaluation_errors_surface_at_trace_time():
     def bad_abstract(x):
         return "not an aval"

@@ -145,7 +145,7 @@ class Primitive:
             jvp=_with_zeros_instantiated(jvp_rule) if jvp_rule is not None else None,
             transpose=transpose_rule,
             batching=batching_rule,
-            xla_implementation=jax_implementation,
+            xla_implementation=jax_implementation or _no_jax_implementation(name),
             multiple_results=multiple_results,
         )
         self.kernel_libraries = self._library_names(kernel_library)
@@ -241,6 +241,18 @@ def _eager_jit(prim: Primitive, params: tuple):
 
     apply.__name__ = prim.name
     return jit(apply, coerces_to_jnp=True)
+
+
+def _no_jax_implementation(name: str) -> Callable:
+    """Under jax.jit, say what is missing instead of JAX's generic error."""
+
+    def unavailable(*args, **params):
+        raise NotImplementedError(
+            f"juju.Primitive({name!r}) has no jax_implementation, so it runs only "
+            "under juju.jit; pass jax_implementation=... to run it under jax.jit too"
+        )
+
+    return unavailable
 
 
 def _with_zeros_instantiated(jvp: Callable) -> Callable:
