@@ -3,9 +3,10 @@
 `build_kernel_library(source_dir, name)` runs `mojo precompile` from the
 installed `mojo` package (never a `mojo` found through the working directory)
 and caches the result in the user's cache directory, keyed by the Mojo and MAX
-versions and a hash of the sources. A build writes to a temporary file and
-renames it into place, under a file lock, so two processes building at once
-neither clash nor build twice; an unchanged library is never rebuilt.
+versions and a hash of the sources. A build writes into a private temporary
+directory and renames the result into place, under a file lock, so two
+processes building at once neither clash nor build twice; an unchanged library
+is never rebuilt.
 
 Cache directory: `$JUJU_CACHE_DIR/kernels`, else
 `$XDG_CACHE_HOME/juju/kernels`, else `~/.cache/juju/kernels`.
@@ -14,6 +15,7 @@ Cache directory: `$JUJU_CACHE_DIR/kernels`, else
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -53,15 +55,26 @@ def _version(dist: str) -> str:
         return "none"
 
 
+@functools.lru_cache(maxsize=None)
 def toolchain_versions() -> str:
-    """The compiler versions a cached library depends on."""
+    """The compiler versions a cached library depends on (a folder name)."""
     return f"mojo-{_version('mojo')}-max-{_version('max')}"
 
 
-def source_hash(source_dir: Path) -> str:
-    """Hash of every `.mojo` file under `source_dir` (paths and contents)."""
-    digest = hashlib.sha256(toolchain_versions().encode())
-    files = sorted(p for p in source_dir.rglob("*.mojo") if p.is_file())
+@functools.lru_cache(maxsize=None)
+def _toolchain_fingerprint() -> bytes:
+    dists = ("mojo", "mojo-compiler", "max", "max-core")
+    return "|".join(f"{d}={_version(d)}" for d in dists).encode()
+
+
+def source_hash(source_dir: os.PathLike | str) -> str:
+    """Hash of the toolchain versions and of every Mojo source file under
+    `source_dir` (relative paths and contents)."""
+    source_dir = Path(source_dir)
+    digest = hashlib.sha256(_toolchain_fingerprint())
+    files = sorted(
+        p for p in source_dir.rglob("*") if p.suffix in (".mojo", ".🔥") and p.is_file()
+    )
     if not files:
         raise FileNotFoundError(f"no .mojo files in kernel directory {source_dir}")
     for path in files:
