@@ -72,6 +72,8 @@ def _arg_reduce(op, name):
     def lower(ctx, x, *, axes, index_dtype):
         (axis,) = axes
         dtype = ctx.avals_in[0].dtype
+        if ctx.avals_in[0].shape[axis] == 1:  # MAX's arg_max rejects a size-1 axis
+            return ops.broadcast_to(scalar(ctx, 0, index_dtype), list(ctx.aval_out.shape))
         if is_bool(dtype):
             x = ops.cast(x, ctx.max_dtype(np.int32))
         elif is_float(dtype):
