@@ -179,7 +179,7 @@ def write_coverage(results: dict, meta: dict, path: Path = COVERAGE):
         "from `jax/_src/internal_test_util/test_harnesses.py` (jax "
         f"{meta.get('jax', '?')}, x64 enabled, harnesses JAX runs on CPU). Each harness",
         "runs through `juju.jit` and is compared with `jax.jit`: exact for integers",
-        "and bools, rtol/atol 1e-9/1e-12 (f64), 2e-5/1e-6 (f32), 4e-3/1e-3 (f16),",
+        "and bools, rtol/atol 1e-9/1e-12 (f64), 2e-5/2e-6 (f32), 4e-3/1e-3 (f16),",
         "3e-2/1e-2 (bf16); NaNs must match; shapes and dtypes must match.",
         "",
         f"- Run: `{meta.get('command', '?')}` on {meta.get('date', '?')}, "

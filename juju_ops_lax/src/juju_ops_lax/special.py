@@ -30,7 +30,7 @@ def _widened(fun):
 
     def wrapper(*xs, accuracy=None, **params):
         dtype = xs[0].dtype
-        wide = [lax.convert_element_type(x, _wide()) for x in xs]
+        wide = [lax.convert_element_type(x, _wide()) for x in jnp.broadcast_arrays(*xs)]
         return lax.convert_element_type(fun(*wide, **params), dtype)
 
     wrapper.__qualname__ = fun.__qualname__
