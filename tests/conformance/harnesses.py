@@ -121,7 +121,7 @@ def to_numpy(value) -> np.ndarray:
         if value.dtype == DType.bfloat16:
             import ml_dtypes
 
-            return value.view(DType.uint16).to_numpy().view(ml_dtypes.bfloat16)
+            return value.view(DType.uint16, value.shape).to_numpy().view(ml_dtypes.bfloat16)
         return value.to_numpy()
     return np.asarray(value)
 

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 from jax import lax
+from max.dtype import DType
 from max.graph import ops
 
 from juju import RuleSet
@@ -20,28 +21,48 @@ from juju_ops_lax._util import is_bool, is_float, is_signed_int, is_unsigned_int
 
 rules = RuleSet()
 
+def _half_in_f32(op):
+    """MAX's float16/bfloat16 transcendentals are less accurate than XLA's
+    (which computes them in float32): do the same."""
+
+    def in_f32(x):
+        if x.dtype in (DType.float16, DType.bfloat16):
+            return ops.cast(op(ops.cast(x, DType.float32)), x.dtype)
+        return op(x)
+
+    in_f32.__name__ = op.__name__
+    return in_f32
+
+
 rules.elementwise(
     {
         P.add_p: ops.add,
         P.add_jaxvals_p: ops.add,
         P.sub_p: ops.sub,
         P.neg_p: ops.negate,
-        P.exp_p: ops.exp,
-        P.log_p: ops.log,
-        P.log1p_p: ops.log1p,
-        P.sqrt_p: ops.sqrt,
-        P.rsqrt_p: ops.rsqrt,
-        P.sin_p: ops.sin,
-        P.cos_p: ops.cos,
-        P.tanh_p: ops.tanh,
         P.floor_p: ops.floor,
         P.ceil_p: ops.ceil,
-        P.logistic_p: ops.sigmoid,
-        P.erf_p: ops.erf,
         P.eq_p: ops.equal,
         P.ne_p: ops.not_equal,
         P.gt_p: ops.greater,
         P.ge_p: ops.greater_equal,
+    }
+)
+rules.elementwise(
+    {
+        prim: _half_in_f32(op)
+        for prim, op in {
+            P.exp_p: ops.exp,
+            P.log_p: ops.log,
+            P.log1p_p: ops.log1p,
+            P.sqrt_p: ops.sqrt,
+            P.rsqrt_p: ops.rsqrt,
+            P.sin_p: ops.sin,
+            P.cos_p: ops.cos,
+            P.tanh_p: ops.tanh,
+            P.logistic_p: ops.sigmoid,
+            P.erf_p: ops.erf,
+        }.items()
     }
 )
 

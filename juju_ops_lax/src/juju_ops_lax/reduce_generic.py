@@ -29,37 +29,38 @@ def _body(jaxpr, consts=()):
     return apply
 
 
-def _reduce_axis(xs, inits, combine, axis):
-    """Reduce `axis` of every array in `xs` to size 1 by halving."""
+def _reduce_axis(xs, combine, axis):
+    """Reduce `axis` (size >= 1) of every array in `xs` to size 1 by halving."""
     n = xs[0].shape[axis]
-    if n == 0:
-        shape = list(xs[0].shape)
-        shape[axis] = 1
-        return [lax.broadcast_in_dim(i, shape, ()) for i in inits]
     while n > 1:
-        if n % 2:
-            pad_shape = list(xs[0].shape)
-            pad_shape[axis] = 1
-            xs = [lax.concatenate([x, lax.broadcast_in_dim(i, pad_shape, ())], axis)
-                  for x, i in zip(xs, inits)]
-            n += 1
         half = n // 2
         lo = [lax.slice_in_dim(x, 0, half, axis=axis) for x in xs]
-        hi = [lax.slice_in_dim(x, half, n, axis=axis) for x in xs]
-        xs = list(combine(*lo, *hi))
+        hi = [lax.slice_in_dim(x, half, 2 * half, axis=axis) for x in xs]
+        merged = list(combine(*lo, *hi))
+        if n % 2:  # fold the odd element into the first one
+            first = [lax.slice_in_dim(m, 0, 1, axis=axis) for m in merged]
+            last = [lax.slice_in_dim(x, n - 1, n, axis=axis) for x in xs]
+            first = list(combine(*first, *last))
+            merged = [lax.concatenate([f, lax.slice_in_dim(m, 1, half, axis=axis)], axis)
+                      for f, m in zip(first, merged)]
+        xs = merged
         n = half
     return xs
 
 
 def _reduce(*args, computation, jaxpr, dimensions):
+    """The init value is combined in exactly once, as XLA's CPU backend does."""
     k = len(args) // 2
     xs, inits = list(args[:k]), list(args[k:])
     combine = _body(jaxpr)
-    for axis in dimensions:
-        xs = _reduce_axis(xs, inits, combine, axis)
     keep = [d for d in range(xs[0].ndim) if d not in dimensions]
     out_shape = [xs[0].shape[d] for d in keep]
-    return [lax.reshape(x, out_shape) for x in xs]
+    if any(xs[0].shape[d] == 0 for d in dimensions):
+        return [lax.broadcast_in_dim(i, out_shape, ()) for i in inits]
+    for axis in dimensions:
+        xs = _reduce_axis(xs, combine, axis)
+    xs = [lax.reshape(x, out_shape) for x in xs]
+    return list(combine(*xs, *[lax.broadcast_in_dim(i, out_shape, ()) for i in inits]))
 
 
 rules.register(P.reduce_p)(lower_fun(_reduce, multiple_results=True))
