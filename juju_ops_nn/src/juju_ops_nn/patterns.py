@@ -102,29 +102,29 @@ class Matcher:
         for v in jaxpr.outvars:
             if isinstance(v, Var):
                 self.uses[v] = self.uses.get(v, 0) + 100  # outputs are never internal
-        self._keys: dict = {}
 
-    def key(self, atom):
-        """Structural identity: equal keys compute equal values."""
-        if isinstance(atom, Literal):
-            return ("lit", repr(atom.val), str(atom.aval))
-        cached = self._keys.get(atom)
-        if cached is not None:
-            return cached
-        eqn = self.producer.get(atom)
-        if eqn is None or eqn.primitive.multiple_results or _has_jaxpr(eqn):
-            k = ("var", id(atom))
-        else:
-            k = (eqn.primitive.name, _params_key(eqn.params),
-                 tuple(self.key(v) for v in eqn.invars))
-        self._keys[atom] = k
-        return k
+    def same(self, a, b, depth: int = 8) -> bool:
+        """a and b compute the same value: the same variable, equal literals,
+        or (up to `depth` equations deep) the same equation on the same inputs."""
+        if a is b:
+            return True
+        if isinstance(a, Literal) or isinstance(b, Literal):
+            return (isinstance(a, Literal) and isinstance(b, Literal)
+                    and repr(a.val) == repr(b.val) and a.aval == b.aval)
+        ea, eb = self.producer.get(a), self.producer.get(b)
+        if depth == 0 or ea is None or eb is None or ea.primitive is not eb.primitive:
+            return False
+        if ea.primitive.multiple_results or _has_jaxpr(ea) or len(ea.invars) != len(eb.invars):
+            return False
+        if _params_key(ea.params) != _params_key(eb.params):
+            return False
+        return all(self.same(x, y, depth - 1) for x, y in zip(ea.invars, eb.invars))
 
     def match(self, pattern, atom, m: Match):
         """A new Match extending m, or None."""
         if isinstance(pattern, X):
             if pattern.name in m.binds:
-                return m if self.key(m.binds[pattern.name]) == self.key(atom) else None
+                return m if self.same(m.binds[pattern.name], atom) else None
             m = m.copy()
             m.binds[pattern.name] = atom
             return m
