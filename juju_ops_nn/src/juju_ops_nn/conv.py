@@ -84,15 +84,12 @@ def lower_conv_general_dilated(ctx, lhs, rhs, *, window_strides, padding, lhs_di
         groups = int(batch_group_count)
         n, o = lhs_shape[0], rhs_shape[-1]
         nb, ob = n // groups, o // groups
-        lhs_rank = nd + 3 if nd == 1 else nd + 2
-        rhs_rank = lhs_rank
-        parts = []
         for g in range(groups):
             lhs_g = ops.slice_tensor(
-                lhs, [slice(g * nb, (g + 1) * nb)] + [slice(None)] * (lhs_rank - 1)
+                lhs, [slice(g * nb, (g + 1) * nb)] + [slice(None)] * (lhs.rank - 1)
             )
             rhs_g = ops.slice_tensor(
-                rhs, [slice(None)] * (rhs_rank - 1) + [slice(g * ob, (g + 1) * ob)]
+                rhs, [slice(None)] * (rhs.rank - 1) + [slice(g * ob, (g + 1) * ob)]
             )
             parts.append(_conv(lhs_g, rhs_g, strides, rhs_dil, pads, feature_group_count))
         out = ops.concat(parts, axis=-1)

@@ -18,6 +18,7 @@ equation only replaces computations nobody else reads.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -228,7 +229,12 @@ def rewrite_closed_jaxpr(patterns: list[Pattern]):
     """A `juju_jaxpr_rewrites` pass replacing every match by `nn_fused`."""
 
     def rewrite(closed: ClosedJaxpr) -> ClosedJaxpr:
-        new = _rewrite_jaxpr(closed.jaxpr, patterns)
+        try:
+            new = _rewrite_jaxpr(closed.jaxpr, patterns)
+        except Exception as exc:  # an optimisation must never break a program
+            warnings.warn(f"juju-ops-nn: fused-pattern rewrite skipped: {exc!r}",
+                          RuntimeWarning, stacklevel=2)
+            return closed
         return closed if new is closed.jaxpr else ClosedJaxpr(new, closed.consts)
 
     rewrite.__qualname__ = "juju_ops_nn.fused_patterns"
