@@ -97,3 +97,28 @@ def test_named_call_rule_wins_by_priority():
 
     rules = [r for r in plugins.registry().rules_for(P.jit_p)]
     assert rules[0].pack == "nn" and int(rules[0].priority) == int(juju.Priority.FUSED)
+
+
+def test_rewrite_hook_registered():
+    from juju import plugins
+    from juju_ops_nn import fused
+
+    assert fused.rewrite in plugins.jaxpr_rewrites()
+
+
+def test_escaping_intermediate_is_not_fused():
+    def f(x):
+        m = lax.stop_gradient(x.max(-1, keepdims=True))
+        e = jnp.exp(x - m)
+        return e / e.sum(-1, keepdims=True), e  # e is also an output
+
+    names = [e.primitive.name for e in juju.jit(f).lower(x).closed_jaxpr.jaxpr.eqns]
+    assert "nn_fused" not in names and "exp" in names
+
+    def g(x):
+        m = lax.stop_gradient(x.max(-1, keepdims=True))
+        e = jnp.exp(x - m)
+        return e / e.sum(-1, keepdims=True)
+
+    names = [e.primitive.name for e in juju.jit(g).lower(x).closed_jaxpr.jaxpr.eqns]
+    assert names == ["nn_fused"]
