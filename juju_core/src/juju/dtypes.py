@@ -28,6 +28,7 @@ _NUMPY_TO_MAX = {
     np.dtype(ml_dtypes.float8_e5m2fnuz): DType.float8_e5m2fnuz,
 }
 _MAX_TO_NUMPY = {v: k for k, v in _NUMPY_TO_MAX.items()}
+_MAX_TO_NUMPY_BY_NAME = {v.name: k for k, v in _NUMPY_TO_MAX.items()}  # faster hashing
 
 
 def max_dtype(dtype) -> DType:
@@ -52,6 +53,6 @@ def max_dtype(dtype) -> DType:
 def numpy_dtype(dtype: DType) -> np.dtype:
     """The numpy dtype for a MAX DType."""
     try:
-        return _MAX_TO_NUMPY[dtype]
+        return _MAX_TO_NUMPY_BY_NAME[dtype.name]
     except KeyError:
         raise UnsupportedDtypeError(f"MAX dtype {dtype} has no numpy equivalent") from None
