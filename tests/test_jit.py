@@ -49,7 +49,12 @@ def chain(x, y):
     return jnp.tanh(x) * y + jnp.exp(-x * x)
 
 
+def choose(mask, x):
+    return jnp.where(mask, x, -x)
+
+
 readme_jit = juju.jit(readme)
+choose_jit = juju.jit(choose)
 grad_jit = juju.jit(jax.grad(readme))
 vmap_jit = juju.jit(jax.vmap(readme))
 tree_jit = juju.jit(tree_fn, static_argnames="scale")
@@ -79,6 +84,8 @@ CASES = [
     (mixed_jit, (X4, np.float32(2.0)), {}),
     (mixed_jit, (np.arange(3, dtype=np.int32), 2), {}),
     (chain_jit, (M, M), {}),
+    (choose_jit, (np.array([True, False, True]), X3), {}),
+    (choose_jit, (False, 1.0), {}),
 ]
 
 
@@ -138,6 +145,15 @@ def test_inputs_numpy_jax_scalars_and_buffers_share_one_compile():
     read_only = np.asarray(jnp.asarray(M))  # read-only view of a jax array
     assert_same(chain_jit(read_only, M), expected)
     assert (chain_jit.trace_count, chain_jit.compile_count) == before
+
+
+def test_bool_inputs_numpy_jax_and_python():
+    mask = np.array([True, False, True])
+    assert_same(choose_jit(mask, X3), jax.jit(choose)(mask, X3))
+    assert_same(choose_jit(jnp.asarray(mask), X3), jax.jit(choose)(mask, X3))
+    assert_same(choose_jit(False, 1.0), jax.jit(choose)(False, 1.0))
+    assert_same(choose_jit(np.bool_(False), 1.0), jax.jit(choose)(False, 1.0))
+    assert choose_jit.compile_count == 2
 
 
 def test_outputs_feed_back_as_inputs():

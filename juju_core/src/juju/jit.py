@@ -53,6 +53,13 @@ def _scalar_signature(leaf):
     return ((), python_scalar_dtype(leaf), True)
 
 
+def _bool_signature(leaf):  # JAX never weakly types bools
+    return ((), _BOOL, False)
+
+
+_BOOL = np.dtype(np.bool_)
+
+
 def _jax_signature(leaf):
     return (leaf.shape, leaf.dtype, leaf.weak_type)
 
@@ -70,8 +77,9 @@ def _spec_signature(leaf):
 
 
 _SIGNATURES: dict = {np.ndarray: _numpy_signature}
-for _t in (int, float, bool, complex):
+for _t in (int, float, complex):
     _SIGNATURES[_t] = _scalar_signature
+_SIGNATURES[bool] = _bool_signature
 
 
 def _signature_handler(kind):
