@@ -117,6 +117,8 @@ def _collect(job: _Job, results: dict, queue: deque, timed_out: bool):
     if not rest:
         return
     how = "timed out" if timed_out else f"crashed (exit {job.proc.returncode})"
+    tail = (job.ids_file.parent / job.log.name.split("/")[-1]).read_text()[-1500:]
+    print(f"[conformance] worker {how}; log tail:\n{tail}", file=sys.stderr, flush=True)
     suspects = [n for n in (last_phase or {}).get("ids", []) if n not in results]
     if not suspects:  # died before its first phase: retry all, in halves
         suspects = rest

@@ -9,6 +9,7 @@ from juju_ops_lax import (
     dot,
     elementwise,
     indexing,
+    linalg,
     reduce_generic,
     reductions,
     shape,
@@ -29,6 +30,7 @@ def juju_rules():
         cumulative.rules,
         sorting.rules,
         bits.rules,
+        linalg.rules,
         reduce_generic.rules,
         control_flow.rules,
     ]
