@@ -221,10 +221,10 @@ def test_control_flow_rules_are_selected():
     from juju import plugins
 
     registry = plugins.registry()
-    for prim in ("cond", "while", "scan"):
-        jaxpr = jax.make_jaxpr(
-            {"cond": cond_pytree, "while": newton_sqrt, "scan": scan_length1}[prim]
-        )(*CASES[{"cond": "cond_pytree_true", "while": "newton_sqrt", "scan": "scan_length1"}[prim]][1])
+    for prim, case in (("cond", "cond_pytree_true"), ("while", "newton_sqrt"),
+                       ("scan", "scan_length1")):
+        fn, args, _ = CASES[case]
+        jaxpr = jax.make_jaxpr(fn)(*args)
         eqn = next(e for e in jaxpr.eqns if e.primitive.name == prim)
         from juju.context import LoweringContext
         from max.graph import DeviceRef

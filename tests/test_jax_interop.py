@@ -163,12 +163,14 @@ CASES = {
     "grad_pytrees": (jax.grad(lambda t: tree_loss(tree_jit, t)),
                      jax.grad(lambda t: tree_loss(tree_fn, t)), (make_tree(),)),
     "jax_jit_calls_juju": (xla_calls_max, xla_calls_max.__wrapped__, (f32(5), f32(5))),
-    "grad_of_jax_jit": (jax.jit(jax.grad(xla_loss)), jax.grad(lambda p, x, y: mlp_loss(p, x, y) * 2.0
-                        + jnp.sum(p["b2"] ** 2)), (params0, X, Y)),
+    "grad_of_jax_jit": (jax.jit(jax.grad(xla_loss)),
+                        jax.grad(lambda p, x, y: mlp_loss(p, x, y) * 2.0 + jnp.sum(p["b2"] ** 2)),
+                        (params0, X, Y)),
     "vmap_in_jax_jit": (jax.jit(jax.vmap(features)), jax.vmap(features.fun), (f32(3, 4),)),
     # closed-over tracers become operands of juju_call, so JAX differentiates them
     "closure_over_tracer": (
-        jax.jit(jax.grad(lambda w, x: juju.jit(lambda v: jnp.sum(jnp.sin(v) * w))(x * 1.0 + w * 0.0))),
+        jax.jit(jax.grad(
+            lambda w, x: juju.jit(lambda v: jnp.sum(jnp.sin(v) * w))(x * 1.0 + w * 0.0))),
         jax.grad(lambda w, x: jnp.sum(jnp.sin(x) * w)), (np.float32(3.0), f32(4))),
 }
 EAGER = {"pytrees"}  # plain juju.jit calls: no juju_call involved

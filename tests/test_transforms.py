@@ -9,7 +9,6 @@ compiled in ONE MAX compilation (module fixture)."""
 from __future__ import annotations
 
 from collections import namedtuple
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -175,7 +174,8 @@ CASES = {
     "mlp_train_loop": (train_loop, (mlp_params, X, Y)),
     "value_and_grad": (jax.value_and_grad(mse), (mlp_params, X, Y)),
     "per_example_grads": (per_example_grads, (mlp_params, X[:6], Y[:6])),
-    "logistic_grad": (jax.grad(logistic_loss), (f32(4, 3), X, np.eye(3, dtype=np.float32)[rng.integers(0, 3, 16)])),
+    "logistic_grad": (jax.grad(logistic_loss),
+                      (f32(4, 3), X, np.eye(3, dtype=np.float32)[rng.integers(0, 3, 16)])),
     "jvp": (lambda x, t: jax.jvp(lambda v: jnp.sin(v) * v.sum(), (x,), (t,)), (v5, f32(5))),
     "vjp": (lambda x, ct: jax.vjp(lambda v: jnp.tanh(v) ** 2, x)[1](ct), (v5, f32(5))),
     "jacfwd": (jax.jacfwd(lambda x: jnp.sin(x) * x[::-1]), (v3,)),
@@ -183,7 +183,7 @@ CASES = {
     "hessian": (jax.hessian(lambda x: jnp.sum(jnp.exp(x) * x) ** 2), (v3,)),
     "vmap_matmul": (jax.vmap(lambda a, b: a @ b, in_axes=(0, None)), (f32(4, 2, 3), f32(3, 5))),
     "vmap_cond": (jax.vmap(cond_fn), (vb,)),
-    "vmap_while": (jax.vmap(lambda x: lax.while_loop(lambda c: c < 10.0, lambda c: c * 2.0 + 0.5, x)),
+    "vmap_while": (jax.vmap(lambda x: lax.while_loop(lambda c: c < 10.0, lambda c: c * 2 + 0.5, x)),
                    (np.abs(f32(6)) + 0.1,)),
     "vmap_scan": (jax.vmap(scan_fn), (vb,)),
     "grad_cond": (jax.grad(lambda x: jnp.sum(cond_fn(x))), (np.abs(v5),)),

@@ -229,8 +229,8 @@ def _jvp(primals, tangents, *, jaxpr, engine, name):
         jvp_closed, [False] * len(primals) + [True] * n_nz, instantiate=False
     )
     known_outs = bind(known, primals, engine=engine, name=f"{name}_fwd")
-    n_res = len(res_avals)
-    known_vals, residuals = known_outs[: len(known_outs) - n_res], known_outs[len(known_outs) - n_res:]
+    split = len(known_outs) - len(res_avals)
+    known_vals, residuals = known_outs[:split], known_outs[split:]
     nz_tangents = [t for t in tangents if type(t) is not ad_Zero]
     unknown_vals = bind(unknown, [*residuals, *nz_tangents], engine=engine, name=f"{name}_lin")
     known_it, unknown_it = iter(known_vals), iter(unknown_vals)
