@@ -49,12 +49,19 @@ def chain(x, y):
     return jnp.tanh(x) * y + jnp.exp(-x * x)
 
 
+def half_precision(x, y):
+    return x * 2 + y.astype(jnp.bfloat16), (x + 1).astype(jnp.float32)
+
+
 def choose(mask, x):
     return jnp.where(mask, x, -x)
 
 
 readme_jit = juju.jit(readme)
 choose_jit = juju.jit(choose)
+half_jit = juju.jit(half_precision)
+half_jnp_jit = juju.jit(half_precision, coerces_to_jnp=True)
+XB = jnp.linspace(-3, 3, 5, dtype=jnp.bfloat16)
 grad_jit = juju.jit(jax.grad(readme))
 vmap_jit = juju.jit(jax.vmap(readme))
 tree_jit = juju.jit(tree_fn, static_argnames="scale")
@@ -86,6 +93,8 @@ CASES = [
     (chain_jit, (M, M), {}),
     (choose_jit, (np.array([True, False, True]), X3), {}),
     (choose_jit, (False, 1.0), {}),
+    (half_jit, (XB, X4[:1].repeat(5)), {}),
+    (half_jnp_jit, (XB, X4[:1].repeat(5)), {}),
 ]
 
 
@@ -154,6 +163,16 @@ def test_bool_inputs_numpy_jax_and_python():
     assert_same(choose_jit(False, 1.0), jax.jit(choose)(False, 1.0))
     assert_same(choose_jit(np.bool_(False), 1.0), jax.jit(choose)(False, 1.0))
     assert choose_jit.compile_count == 2
+
+
+def test_bfloat16_inputs_and_outputs():
+    y = X4[:1].repeat(5)
+    expected = jax.jit(half_precision)(XB, y)
+    assert_same(half_jit(XB, y), expected)  # MAX buffers (juju.to_numpy reads bf16)
+    assert_same(half_jit(np.asarray(XB), y), expected)  # numpy ml_dtypes input
+    out = half_jnp_jit(XB, y)
+    assert out[0].dtype == jnp.bfloat16 and isinstance(out[0], jax.Array)
+    assert_same(out, expected)
 
 
 def test_outputs_feed_back_as_inputs():

@@ -7,9 +7,9 @@ import numpy as np
 
 
 def to_numpy(value):
-    if hasattr(value, "to_numpy"):
-        return value.to_numpy()
-    return np.asarray(value)
+    import juju
+
+    return juju.to_numpy(value)  # handles bfloat16/float8 buffers too
 
 
 def tolerance(dtype) -> dict:

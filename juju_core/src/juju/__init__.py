@@ -26,7 +26,7 @@ from juju.errors import (
     UnsupportedDtypeError,
 )
 from juju.hookspecs import hookimpl
-from juju.jit import Compiled, Lowered, compile_all, jit, make_max_graph
+from juju.jit import Compiled, Lowered, compile_all, jit, make_max_graph, to_jax, to_numpy
 from juju.lowering_helpers import lower_fun
 from juju.plugins import KernelLibrary
 from juju.primitive import Primitive
@@ -35,7 +35,7 @@ from juju.registry import Priority, Registry, Rule, RuleSet, direct
 __version__ = "0.1.0"
 
 __all__ = [
-    "jit", "make_max_graph", "compile_all", "Lowered", "Compiled", "Primitive",
+    "jit", "make_max_graph", "compile_all", "to_numpy", "to_jax", "Lowered", "Compiled", "Primitive",
     "Engine", "cpu_engine", "gpu_engine", "LoweringContext", "Rule", "RuleSet",
     "Registry", "Priority", "direct", "lower_fun", "hookimpl", "KernelLibrary",
     "JujuError", "MissingRuleError", "LoweringError", "RuleConflictError",

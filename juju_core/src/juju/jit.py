@@ -24,7 +24,7 @@ import logging
 from juju import cache, plugins
 from juju import call as _call  # registers juju_call_p and its rules
 from juju._compat import Tracer, canonical_dtype, python_scalar_dtype
-from juju.dtypes import numpy_dtype
+from juju.dtypes import max_dtype, numpy_dtype
 from juju.engine import Engine, cpu_engine
 from juju.errors import JujuError
 from juju.interpreter import build_graph, check_rules
@@ -149,13 +149,15 @@ def _host_buffer(array: np.ndarray):
         # Buffer.from_numpy re-checks what we know and costs ~3 us more. It
         # also fails on 0-d bools (its view needs a last axis); numpy cannot
         # export bools through DLPack, so they travel as uint8 views.
-        if array.dtype == np.bool_:
-            from max.dtype import DType
-
-            return Buffer._from_dlpack(array.view(np.uint8)).view(DType.bool, array.shape)
+        if array.dtype == np.bool_ or array.dtype.kind == "V":  # bool, bfloat16, float8
+            carrier = array.view(_UINT_OF_SIZE[array.dtype.itemsize])
+            return Buffer._from_dlpack(carrier).view(max_dtype(array.dtype), array.shape)
         return Buffer._from_dlpack(array)
     except AttributeError:  # a MAX without the native constructor
         return Buffer.from_numpy(array)
+
+
+_UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 @functools.cache
@@ -215,8 +217,31 @@ class Executable:
         buffers = [_to_buffer(x, d, device) for x, d in zip(leaves, self.in_dtypes)]
         outs = self._execute(buffers)
         if self.coerces_to_jnp:
-            outs = [jax.numpy.from_dlpack(o) for o in outs]  # zero-copy
+            outs = [to_jax(o) for o in outs]
         return tree_util.tree_unflatten(self.out_tree, outs)
+
+
+def to_numpy(value) -> np.ndarray:
+    """A numpy array of a MAX buffer (or anything array-like), any dtype.
+
+    Unlike `Buffer.to_numpy()`, this also handles bfloat16 and float8, which
+    MAX cannot export through DLPack.
+    """
+    Buffer = _max_driver().Buffer
+    if not isinstance(value, Buffer):
+        return np.asarray(value)
+    dtype = numpy_dtype(value.dtype)
+    if dtype.kind != "V":
+        return value.to_numpy()
+    carrier = _UINT_OF_SIZE[dtype.itemsize]
+    return value.view(max_dtype(carrier), value.shape).to_numpy().view(dtype)
+
+
+def to_jax(buffer):
+    """A jax array of a MAX buffer: zero-copy where DLPack can carry the dtype."""
+    if numpy_dtype(buffer.dtype).kind == "V":
+        return jax.numpy.asarray(to_numpy(buffer))
+    return jax.numpy.from_dlpack(buffer)
 
 
 @dataclass
