@@ -105,13 +105,15 @@ def bench():
     """Time jax.jit code calling a juju.jit function (host callback into MAX)."""
 
     def timeit(f, *args, n=300):
+        """Median per-call time in us (the median resists a busy machine)."""
         for _ in range(5):
             jax.block_until_ready(f(*args))
-        start = time.perf_counter()
+        times = []
         for _ in range(n):
-            out = f(*args)
-        jax.block_until_ready(out)
-        return (time.perf_counter() - start) / n * 1e6
+            start = time.perf_counter()
+            jax.block_until_ready(f(*args))
+            times.append(time.perf_counter() - start)
+        return float(np.median(times)) * 1e6
 
     body = lambda x: jnp.tanh(x) * 2.0 + 1.0  # noqa: E731
     on_max = juju.jit(body)
@@ -133,7 +135,7 @@ def bench():
             "jax.jit -> juju.jit (MAX via callback)": timeit(via_callback, x),
             "juju.jit called directly": timeit(on_max, x),
         }
-        print(f"n={n:>9,}: " + "; ".join(f"{k} {v:,.0f} us" for k, v in row.items()))
+        print(f"n={n:>9,}: " + "; ".join(f"{k} {v:,.0f} us" for k, v in row.items()), flush=True)
 
 
 if __name__ == "__main__":
