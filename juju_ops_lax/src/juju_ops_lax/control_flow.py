@@ -5,11 +5,11 @@ bodies and branches re-enter the interpreter with `ctx.lower`. Loops are never
 unrolled unless the program asks for it (`scan(..., unroll=k)`), so a graph's
 size does not grow with the trip count.
 
-`scan` becomes a `while_loop` over (counter, *carry): each step reads its
-slice of every `xs` with `ops.slice_tensor` at the counter (a tensor index)
-and writes its outputs into preallocated mutable buffers
-(`ops.buffer_store_slice`), read back after the loop. Consts, `xs` and the
-buffers are captured by the loop body from the enclosing graph, not carried.
+`scan` becomes a `while_loop` over (counter, *carry, *ys buffers): each step
+reads its slice of every `xs` with `ops.slice_tensor` at the counter (a tensor
+index) and writes its outputs into the preallocated `ys` buffers with
+`ops.scatter_nd`. Consts and `xs` are captured by the loop body from the
+enclosing graph rather than carried.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import threading
 
 import numpy as np
 from max.dtype import DType
-from max.graph import BufferType, DeviceRef, Graph, TensorType, ops
+from max.graph import DeviceRef, Graph, TensorType, ops
 
 from juju import RuleSet
 from juju._compat import empty2_p, primitives as P
@@ -194,35 +194,33 @@ def lower_scan(ctx, *args, reverse, length, jaxpr, num_consts, num_carry, unroll
         ]
         return [*carry, *stacked]
 
-    # ys live in mutable buffers written in place, one row per step: writing
-    # them as loop-carried tensors (scatter_nd) copies the whole buffer every
-    # step, quadratic in the length (1000x1000 f32: 1.2 s against 55 ms).
-    buffers = [
-        ops.buffer_create(BufferType(ctx.max_dtype(a.dtype), list(a.shape), device=ctx.device))
-        for a in y_avals
-    ]
-
-    def store(y, index):
-        row = (slice(index, index + 1), 1)
-        for buf, value, a in zip(buffers, y, y_avals):
-            ops.buffer_store_slice(buf, ops.unsqueeze(value, 0),
-                                   [row] + [slice(None)] * (len(a.shape) - 1))
-
+    # ys are loop-carried tensors updated with scatter_nd. Each update copies
+    # the whole buffer (quadratic in length for large ys: 1000 steps of
+    # 1000-float rows, 1.2 s). In-place stores into an `ops.buffer_create`
+    # buffer are ~20x faster but gave wrong results when a second scan reads
+    # the ys (grad of scan) in MAX 26.7; see docs/control-flow-and-transforms.md.
+    buffers = [ops.broadcast_to(ctx.constant(0, a.dtype), list(a.shape)) for a in y_avals]
     trips = length // unroll * unroll  # steps done in the loop, `unroll` per iteration
 
-    def body(i, *carry):
-        carry = list(carry)
+    def body(i, *state):
+        carry, bufs = list(state[:num_carry]), list(state[num_carry:])
         for u in range(unroll):
             carry, y, index = step(carry, i + _counter(u) if u else i)
-            store(y, index)
-        return [i + _counter(unroll), *carry]
+            at = ops.reshape(index, [1, 1])
+            if not ctx.device.is_cpu():
+                at = ops.transfer_to(at, ctx.device)
+            bufs = [ops.scatter_nd(b, ops.unsqueeze(v, 0), at) for b, v in zip(bufs, y)]
+        return [i + _counter(unroll), *carry, *bufs]
 
-    state = _while_loop([_counter(0), *init], lambda i, *_: i < _counter(trips), body)
-    carry = list(state[1:])
+    state = _while_loop(
+        [_counter(0), *init, *buffers], lambda i, *_: i < _counter(trips), body
+    )
+    carry, bufs = list(state[1 : 1 + num_carry]), list(state[1 + num_carry :])
     for i in range(trips, length):  # the remainder when unroll does not divide length
         carry, y, index = step(carry, i)
-        store(y, _counter(index))
-    return [*carry, *(ops.buffer_load(b) for b in buffers)]
+        at = ctx.constant(np.array([[index]]), np.int64)
+        bufs = [ops.scatter_nd(b, ops.unsqueeze(v, 0), at) for b, v in zip(bufs, y)]
+    return [*carry, *bufs]
 
 
 # --- what JAX's differentiation of control flow emits --------------------------
