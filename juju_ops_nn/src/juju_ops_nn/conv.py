@@ -84,6 +84,7 @@ def lower_conv_general_dilated(ctx, lhs, rhs, *, window_strides, padding, lhs_di
         groups = int(batch_group_count)
         n, o = lhs_shape[0], rhs_shape[-1]
         nb, ob = n // groups, o // groups
+        parts = []
         for g in range(groups):
             lhs_g = ops.slice_tensor(
                 lhs, [slice(g * nb, (g + 1) * nb)] + [slice(None)] * (lhs.rank - 1)
