@@ -73,6 +73,10 @@ def _scan_rule(kind):
         if as_bool:  # or/and on bools, via int32 max/min
             x = ops.cast(x, ctx.max_dtype(np.int32))
             dtype = np.dtype(np.int32)
+        half = is_float(dtype) and np.dtype(dtype).itemsize == 2
+        if half:  # XLA accumulates float16/bfloat16 scans in float32
+            x = ops.cast(x, ctx.max_dtype(np.float32))
+            dtype = np.dtype(np.float32)
         ident = scalar(ctx, _identity(dtype, kind), dtype)
         step = 1
         while step < n:
@@ -88,6 +92,8 @@ def _scan_rule(kind):
             step *= 2
         if as_bool:
             x = ops.not_equal(x, scalar(ctx, 0, np.int32))
+        if half:
+            x = ops.cast(x, ctx.max_dtype(ctx.avals_in[0].dtype))
         return x
 
     lower.__qualname__ = f"lower_cum{kind}"

@@ -39,7 +39,6 @@ rules.elementwise(
         P.add_p: ops.add,
         P.add_jaxvals_p: ops.add,
         P.sub_p: ops.sub,
-        P.neg_p: ops.negate,
         P.floor_p: ops.floor,
         P.ceil_p: ops.ceil,
         P.eq_p: ops.equal,
@@ -65,6 +64,15 @@ rules.elementwise(
         }.items()
     }
 )
+
+
+@rules.register(P.neg_p)
+def lower_neg(ctx, x):
+    dtype = ctx.avals_in[0].dtype
+    if is_unsigned_int(dtype):
+        # MAX rejects negate on unsigned (and folds 0 - x into it): -x == (max - x) + 1
+        return ops.add(ops.sub(scalar(ctx, np.iinfo(dtype).max, dtype), x), scalar(ctx, 1, dtype))
+    return ops.negate(x)
 
 
 @rules.register(P.lt_p)

@@ -38,6 +38,8 @@ def _cholesky(a, **params):
     n = a.shape[-1]
     if n == 0:
         return a
+    if n == 1:  # a length-1 loop crashes MAX's compiler (SIGSEGV)
+        return jnp.sqrt(a)
     rows = lax.broadcasted_iota(jnp.int32, a.shape[:-1], a.ndim - 2)
 
     def column(j, low):
