@@ -166,7 +166,16 @@ GROUP_NOTES = {
     "regularized_incomplete_beta": "no rule: needs a continued-fraction loop.",
     "approx_top_k": "values match; XLA's CPU approx_top_k orders ties unstably, juju "
                     "stably (lower index first).",
-    "cholesky": "fori_loop decomposition; compiles slowly (a MAX while loop).",
+    "cholesky": "fori_loop decomposition; compiles slowly (a MAX while loop). A 1x1 "
+                "matrix (a length-1 loop) crashed MAX's compiler (SIGSEGV); special-cased "
+                "after this run (verified on that harness).",
+    "neg": "uint32 neg failed in MAX (mo.negative needs signed; 0 - x is folded into it); "
+           "now (max - x) + 1, fixed after this run (verified on that harness).",
+    "cumsum": "float16 scans: XLA rounds in its own (sequential) order; juju scans in a "
+              "log-step tree (now accumulating in float32), so a few f16 sums differ by "
+              "more than the f16 tolerance.",
+    "reduce_window_add": "rule from the nn pack (juju_ops_nn/pooling.py): int64 with "
+                         "init_value 1 gives wrong values; reported to its owner.",
     "triangular_solve": "fori_loop decomposition; compiles slowly (a MAX while loop).",
 }
 
