@@ -21,7 +21,7 @@ JaxPrimitive = jex_core.Primitive
 primitives = jex_core.primitives
 
 # Not exported by jax.extend (JAX 0.10); only needed as a registry key.
-from jax._src.lax.lax import optimization_barrier_p  # noqa: E402
+from jax._src.lax.lax import optimization_barrier_p, split_p  # noqa: E402
 
 
 def source_line(eqn) -> str:

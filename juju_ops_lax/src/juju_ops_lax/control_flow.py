@@ -24,6 +24,7 @@ from max.graph import DeviceRef, Graph, TensorType, ops
 
 from juju import RuleSet
 from juju._compat import empty2_p, primitives as P
+from juju_ops_lax._util import reduce_axis
 
 rules = RuleSet()
 
@@ -130,7 +131,7 @@ def lower_while(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
         if pred_shape:
             pred = ops.reshape(pred, [-1])
             as_int = ops.cast(pred, DType.int32)
-            pred = ops.reshape(ops.greater(ops.max(as_int, axis=0), 0), [])
+            pred = ops.reshape(ops.greater(reduce_axis(ops.max, as_int, 0), 0), [])
         return _on_host(ctx, pred)
 
     def body(*carry):

@@ -7,7 +7,7 @@ from max.graph import ops
 
 from juju import RuleSet
 from juju._compat import primitives as P
-from juju_ops_lax._util import is_bool, is_float, scalar
+from juju_ops_lax._util import is_bool, is_float, reduce_axis, scalar
 
 rules = RuleSet()
 
@@ -16,8 +16,10 @@ def _reduce(op, ctx, x, axes):
     """Reduce `axes` one at a time (MAX keeps each as size 1), then drop them."""
     if not axes:
         return x
+    shape = list(ctx.avals_in[0].shape)
     for axis in sorted(axes):
-        x = op(x, axis=axis)
+        x = reduce_axis(op, x, axis, shape)
+        shape[axis] = 1
     return ops.reshape(x, list(ctx.aval_out.shape))
 
 
@@ -79,12 +81,13 @@ def _arg_reduce(op, name):
         elif is_float(dtype):
             # XLA treats NaN as the extreme value: the first NaN wins.
             nan = ops.is_nan(x)
-            nan_index = ops.argmax(ops.cast(nan, ctx.max_dtype(np.int32)), axis=axis)
-            index = op(x, axis=axis)
-            any_nan = ops.max(ops.cast(nan, ctx.max_dtype(np.int32)), axis=axis)
+            nan_as_int = ops.cast(nan, ctx.max_dtype(np.int32))
+            nan_index = reduce_axis(ops.argmax, nan_as_int, axis)
+            index = reduce_axis(op, x, axis)
+            any_nan = reduce_axis(ops.max, nan_as_int, axis)
             index = ops.where(ops.greater(any_nan, scalar(ctx, 0, np.int32)), nan_index, index)
             return ops.reshape(ops.cast(index, ctx.max_dtype(index_dtype)), list(ctx.aval_out.shape))
-        index = op(x, axis=axis)
+        index = reduce_axis(op, x, axis)
         return ops.reshape(ops.cast(index, ctx.max_dtype(index_dtype)), list(ctx.aval_out.shape))
 
     lower.__qualname__ = f"lower_{name}"

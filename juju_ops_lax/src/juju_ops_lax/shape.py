@@ -8,7 +8,7 @@ import numpy as np
 from max.graph import ops
 
 from juju import RuleSet
-from juju._compat import primitives as P
+from juju._compat import primitives as P, split_p
 from juju_ops_lax._util import reject
 
 rules = RuleSet()
@@ -62,6 +62,18 @@ def lower_slice(ctx, x, *, start_indices, limit_indices, strides):
     strides = strides or (1,) * len(start_indices)
     index = [slice(int(s), int(e), int(k)) for s, e, k in zip(start_indices, limit_indices, strides)]
     return ops.slice_tensor(x, index)
+
+
+@rules.register(split_p)
+def lower_split(ctx, x, *, sizes, axis):
+    rank = len(ctx.avals_in[0].shape)
+    outs, start = [], 0
+    for size in sizes:
+        index = [slice(None)] * rank
+        index[axis] = slice(start, start + int(size))
+        outs.append(ops.slice_tensor(x, index))
+        start += int(size)
+    return outs
 
 
 @rules.register(P.rev_p)

@@ -20,7 +20,7 @@ from max.graph import ops
 
 from juju import RuleSet
 from juju._compat import primitives as P
-from juju_ops_lax._util import is_bool, is_float, scalar
+from juju_ops_lax._util import is_bool, is_float, reduce_axis, scalar
 
 rules = RuleSet()
 _I64 = np.int64
@@ -85,7 +85,7 @@ def _ranks(ctx, keys, dtypes, n, descending=False):
     i = ops.reshape(ctx.constant(np.arange(n, dtype=_I64), _I64), [n, 1])
     j = ops.reshape(ctx.constant(np.arange(n, dtype=_I64), _I64), [1, n])
     before = ops.logical_or(lt_all, ops.logical_and(eq_all, ops.greater(i, j)))
-    count = ops.sum(ops.cast(before, ctx.max_dtype(_I64)), axis=-1)
+    count = reduce_axis(ops.sum, ops.cast(before, ctx.max_dtype(_I64)), -1)
     return ops.reshape(count, list(keys[0].shape))
 
 
@@ -96,7 +96,7 @@ def _permutation(ctx, ranks, n):
     j = ops.reshape(ctx.constant(np.arange(n, dtype=_I64), _I64), [1, n])
     i = ops.reshape(ctx.constant(np.arange(n, dtype=_I64), _I64), [n, 1])
     hit = ops.cast(ops.equal(r, j), ctx.max_dtype(_I64))
-    perm = ops.sum(ops.mul(hit, i), axis=-2)
+    perm = reduce_axis(ops.sum, ops.mul(hit, i), -2)
     return ops.reshape(perm, shape)
 
 

@@ -1,0 +1,49 @@
+"""Programs that hit known MAX 26.7 compiler bugs, lowered so they come out
+right. Each case failed (wrong values or a failed compile) before its
+workaround; all share one compilation."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import juju
+from tests.util import assert_same
+
+
+def broadcast_then_reduce(k, c, z):
+    # MAX mis-rewrites reduce(broadcast) when the broadcast axis precedes the
+    # reduced one (see juju_ops_lax._util.reduce_axis).
+    r = lax.broadcast_in_dim(k, (3, 3, 3), (0, 2)) * lax.broadcast_in_dim(c, (1, 1, 3), (2,))
+    b2 = jnp.broadcast_to(z, (5, 4))
+    b3 = jnp.broadcast_to(z[:, None, :], (2, 3, 4))
+    return (r.sum(2), r.max(2), r.min(2), jnp.argmax(r, axis=2), b2.sum(1), b2.min(1),
+            jnp.argmin(b3, axis=2), b3.prod(2), jnp.any(b3 > 1.5, axis=2))
+
+
+def jacobian_of_outer(x):
+    return jax.jacrev(lambda v: jnp.outer(v, v).sum(0))(x)
+
+
+CASES = {
+    "broadcast_then_reduce": (broadcast_then_reduce, (np.eye(3, dtype=np.float32),
+                                                      np.array([1.0, 2.0, 3.0], np.float32),
+                                                      np.arange(4, dtype=np.float32)[None])),
+    "jacrev_outer": (jacobian_of_outer, (np.array([1.0, 2.0, 3.0], np.float32),)),
+    "bool_scalar_input": (lambda b, x: jnp.where(b, x, -x), (np.bool_(True), np.float32(2.0))),
+}
+JITTED = {name: juju.jit(fn) for name, (fn, _) in CASES.items()}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled():
+    juju.compile_all([JITTED[name].lower(*args) for name, (_, args) in CASES.items()])
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_jax(name):
+    fn, args = CASES[name]
+    assert_same(JITTED[name](*args), jax.jit(fn)(*args))
