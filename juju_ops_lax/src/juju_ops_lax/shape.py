@@ -101,7 +101,8 @@ def lower_pad(ctx, x, padding_value, *, padding_config):
     def fill(shape_):
         return ops.broadcast_to(padding_value, shape_)
 
-    for d, (lo, hi, interior) in enumerate(padding_config):
+    for d, config in enumerate(padding_config):
+        lo, hi, interior = (int(v) for v in config)  # grads emit np.int64 here
         n = shape[d]
         if interior > 0 and n > 1:
             # (..., n, 1, ...) ++ (..., n, interior, ...) -> (..., n*(1+interior), ...)
