@@ -98,31 +98,12 @@ def call_traced(fn, args, kwargs):
     cache = _traces.setdefault(fn, {})
     entry = cache.get(key)
     if entry is None:
-        entry = _trace(fn, treedef, statics, avals)
+        entry = fn.trace(treedef, statics, avals)
         if not any(is_tracer(c) for c in entry[0].consts):  # closed-over tracers: retrace
             cache[key] = entry
     closed, out_tree = entry
     outs = bind(closed, leaves, engine=fn.engine, name=getattr(fn, "__name__", "fn"))
     return tree_util.tree_unflatten(out_tree, outs)
-
-
-def _trace(fn, treedef, statics, avals):
-    static_positional = {i: v for i, v in statics if isinstance(i, int)}
-    static_keywords = {k: v for k, v in statics if isinstance(k, str)}
-    out_tree_box = []
-
-    def flat_fun(*flat):
-        a, kw = tree_util.tree_unflatten(treedef, flat)
-        positional = list(a)
-        for i in sorted(static_positional):
-            positional.insert(i, static_positional[i])
-        out_leaves, out_tree = tree_util.tree_flatten(fn.fun(*positional, **kw, **static_keywords))
-        out_tree_box.append(out_tree)
-        return out_leaves
-
-    fn.trace_count += 1
-    closed = jax.make_jaxpr(flat_fun)(*avals)
-    return closed, out_tree_box[-1]
 
 
 # --- evaluation on MAX ---------------------------------------------------------

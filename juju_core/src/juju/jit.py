@@ -439,35 +439,43 @@ class JitFunction:
             return lowered
         _, _, signatures, _ = key
         avals = [jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in signatures]
-        out_tree_box = []
-        static_positional = {i: v for i, v in statics if isinstance(i, int)}
-        static_keywords = {k: v for k, v in statics if isinstance(k, str)}
-
-        def flat_fun(*flat):
-            a, kw = tree_util.tree_unflatten(treedef, flat)
-            positional = list(a)
-            for i in sorted(static_positional):
-                positional.insert(i, static_positional[i])
-            out = self.fun(*positional, **kw, **static_keywords)
-            out_leaves, out_tree = tree_util.tree_flatten(out)
-            out_tree_box.append(out_tree)
-            return out_leaves
-
-        self.trace_count += 1
-        closed = apply_rewrites(jax.make_jaxpr(flat_fun)(*avals))
+        closed, out_tree = self.trace(treedef, statics, avals)
+        closed = apply_rewrites(closed)
         registry = plugins.registry()
         required = check_rules(closed, registry, self.engine.device_ref)
         lowered = Lowered(
             jit_function=self,
             key=key,
             closed_jaxpr=closed,
-            out_tree=out_tree_box[-1],
+            out_tree=out_tree,
             in_dtypes=[d for _, d, _ in signatures],
             kernel_names=frozenset(required),
             name=_graph_name(self.fun),
         )
         self._lowered[key] = lowered
         return lowered
+
+    def trace(self, treedef, statics, avals):
+        """(ClosedJaxpr, output treedef) of the function on flat `avals`, with
+        the static argument values put back in place."""
+        static_positional = {i: v for i, v in statics if isinstance(i, int)}
+        static_keywords = {k: v for k, v in statics if isinstance(k, str)}
+        out_tree_box = []
+
+        def flat_fun(*flat):
+            a, kw = tree_util.tree_unflatten(treedef, flat)
+            positional = list(a)
+            for i in sorted(static_positional):
+                positional.insert(i, static_positional[i])
+            out_leaves, out_tree = tree_util.tree_flatten(
+                self.fun(*positional, **kw, **static_keywords)
+            )
+            out_tree_box.append(out_tree)
+            return out_leaves
+
+        self.trace_count += 1
+        closed = jax.make_jaxpr(flat_fun)(*avals)
+        return closed, out_tree_box[-1]
 
     def clear_cache(self):
         self._cache.clear()
