@@ -21,7 +21,7 @@ JaxPrimitive = jex_core.Primitive
 primitives = jex_core.primitives
 
 # Not exported by jax.extend (JAX 0.10); only needed as a registry key.
-from jax._src.lax.lax import optimization_barrier_p, split_p  # noqa: E402
+from jax._src.lax.lax import optimization_barrier_p, split_p, stack_p, unstack_p  # noqa: E402
 
 
 def source_line(eqn) -> str:
@@ -99,3 +99,70 @@ from jax._src.interpreters.partial_eval import (  # noqa: E402
     convert_constvars_jaxpr,
     partial_eval_jaxpr_nounits,
 )
+
+
+# --- PRNG key arrays and JAX's own decompositions (issue 3) --------------------
+
+# A key array (dtype key<impl>) has a physical representation: its raw key
+# data, e.g. uint32[..., 2] for threefry. Inside a graph juju carries keys in
+# that form, as XLA does.
+from jax._src.core import physical_aval as _physical_aval  # noqa: E402
+
+
+def is_key_dtype(dtype) -> bool:
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def physical_aval(aval):
+    """`aval` itself, or for a key array the aval of its raw key data."""
+    return _physical_aval(aval) if is_key_dtype(aval.dtype) else aval
+
+
+from jax._src.random.prng import PRNGKeyArray  # noqa: E402,F401  (a jax.Array subclass)
+
+
+def key_impl(aval):
+    """The PRNG implementation of a key-array aval."""
+    return aval.dtype._impl
+
+
+class jax_impls:
+    """JAX's own implementations of primitives in terms of other primitives
+    (what its `mlir.lower_fun` lowerings trace); juju lowers them the same way,
+    so results match XLA's bit for bit where the pieces do."""
+
+    from jax._src.lax.special import (  # noqa: F401
+        _up_and_broadcast as up_and_broadcast,
+        igamma_impl,
+        igammac_impl,
+        igamma_grad_a_impl,
+        regularized_incomplete_beta_impl,
+    )
+    from jax._src.lax.linalg import (  # noqa: F401
+        _generic_lu_pivots_to_permutation as lu_pivots_to_permutation,
+        _lu_python as lu,
+        _qr_lowering as qr,
+        _tridiagonal_solve_jax as tridiagonal_solve,
+    )
+    from jax._src.lax.control_flow.solves import (  # noqa: F401
+        _custom_linear_solve_impl as custom_linear_solve,
+    )
+    from jax._src.random.prng import (  # noqa: F401
+        random_bits_impl_base as random_bits,
+        random_fold_in_impl_base as random_fold_in,
+        random_seed_impl_base as random_seed,
+        random_split_impl_base as random_split,
+        random_wrap,
+    )
+    from jax._src.random.threefry2x32 import _threefry2x32_lowering as threefry2x32  # noqa: F401
+    from jax._src.random.core import _gamma_impl as random_gamma  # noqa: F401
+
+
+# Primitives not exported by jax.extend, needed as registry keys.
+from jax._src.lax.linalg import geqrf_p, lu_pivots_to_permutation_p  # noqa: E402
+from jax._src.random.prng import (  # noqa: E402
+    iota_2x32_shape_p,
+    random_unwrap_p,
+    random_wrap_p,
+)
+from jax._src.random.core import random_clone_p  # noqa: E402

@@ -56,3 +56,11 @@ def numpy_dtype(dtype: DType) -> np.dtype:
         return _MAX_TO_NUMPY_BY_NAME[dtype.name]
     except KeyError:
         raise UnsupportedDtypeError(f"MAX dtype {dtype} has no numpy equivalent") from None
+
+
+def physical_aval(aval):
+    """The aval a graph carries for `aval`: itself, or for a PRNG key array
+    its raw key data (uint32[..., 2] for threefry), as XLA carries keys."""
+    from juju._compat import physical_aval as _physical
+
+    return _physical(aval)

@@ -13,14 +13,21 @@ import numpy as np
 from max.graph import DeviceRef, Graph, TensorType
 
 from juju import dtypes
-from juju._compat import ClosedJaxpr, Literal, equation_text, source_line, sub_jaxprs_of_params
+import jax
+
+from juju._compat import ClosedJaxpr, Literal, is_key_dtype, equation_text, source_line, sub_jaxprs_of_params
 from juju.context import LoweringContext, constant
 from juju.errors import LoweringError, MissingRule, MissingRuleError
 from juju.registry import Registry
 
 
-def lower_jaxpr(jaxpr, *args, consts=None, registry: Registry, device: DeviceRef) -> list:
-    """Lower `jaxpr` (open or closed) applied to MAX values `args`."""
+def lower_jaxpr(
+    jaxpr, *args, consts=None, registry: Registry, device: DeviceRef, libraries=None
+) -> list:
+    """Lower `jaxpr` (open or closed) applied to MAX values `args`.
+
+    `libraries`: the kernel libraries loaded in the graph (None: all).
+    """
     if isinstance(jaxpr, ClosedJaxpr):
         jaxpr, consts = jaxpr.jaxpr, jaxpr.consts
     consts = consts or ()
@@ -33,13 +40,19 @@ def lower_jaxpr(jaxpr, *args, consts=None, registry: Registry, device: DeviceRef
 
     def read(atom):
         if isinstance(atom, Literal):
+            if is_key_dtype(atom.aval.dtype):
+                return constant(np.asarray(jax.random.key_data(atom.val)), device)
             return constant(np.asarray(atom.val, dtype=atom.aval.dtype), device)
         return env[atom]
 
     for var, value in zip(jaxpr.constvars, consts):
-        env[var] = value if _is_max_value(value) else constant(np.asarray(value), device)
+        if not _is_max_value(value):
+            if is_key_dtype(var.aval.dtype):  # a key array closed over
+                value = jax.random.key_data(value)
+            value = constant(np.asarray(value), device)
+        env[var] = value
     env.update(zip(jaxpr.invars, args))
-    lower = partial(lower_jaxpr, registry=registry, device=device)
+    lower = partial(lower_jaxpr, registry=registry, device=device, libraries=libraries)
 
     for eqn in jaxpr.eqns:
         ctx = LoweringContext(
@@ -49,7 +62,7 @@ def lower_jaxpr(jaxpr, *args, consts=None, registry: Registry, device: DeviceRef
             device=device,
             lower=lower,
         )
-        rule = registry.select(ctx)
+        rule = registry.select(ctx, libraries)
         if rule is None:
             raise _missing_error([eqn], registry)
         try:
@@ -79,6 +92,7 @@ def _check_outputs(ctx, rule, outs) -> None:
             ctx.eqn, rule, f"rule returned {len(outs)} values, expected {len(ctx.avals_out)}"
         )
     for i, (value, aval) in enumerate(zip(outs, ctx.avals_out)):
+        aval = dtypes.physical_aval(aval)
         try:
             shape = tuple(int(d) for d in value.shape)
         except (TypeError, ValueError):  # symbolic dims: checked by MAX itself
@@ -97,8 +111,8 @@ def _check_outputs(ctx, rule, outs) -> None:
 
 
 def find_missing_rules(jaxpr, registry: Registry, device: DeviceRef) -> tuple[list, set]:
-    """All equations (sub-jaxprs included) without a rule, and the kernel
-    libraries the selected rules require."""
+    """All equations (sub-jaxprs and `lower_fun` decompositions included)
+    without a rule, and the kernel libraries the selected rules require."""
     missing, required = [], set()
 
     def visit(jaxpr):
@@ -113,10 +127,17 @@ def find_missing_rules(jaxpr, registry: Registry, device: DeviceRef) -> tuple[li
             rule = registry.select(ctx)
             if rule is None:
                 missing.append(eqn)
-            else:
-                required.update(rule.requires)
+                continue
+            required.update(rule.requires)
             for sub in sub_jaxprs_of_params(eqn.params):
                 visit(sub)
+            decomposition = getattr(rule.fn, "decomposition", None)
+            if decomposition is not None:
+                try:
+                    inner = decomposition(ctx)
+                except Exception:  # lowering will report it, at this equation
+                    continue
+                visit(inner.jaxpr)
 
     visit(jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr)
     return missing, required
@@ -158,14 +179,16 @@ def build_graph(
     registry: Registry,
     device: DeviceRef,
     kernel_paths=(),
+    libraries=None,
     module=None,
     input_shapes=None,
 ) -> Graph:
     """A MAX graph computing `closed_jaxpr` (whose rules were checked).
 
-    `input_shapes` may replace the static input shapes by symbolic ones.
+    `input_shapes` may replace the static input shapes by symbolic ones;
+    `libraries` names the kernel libraries behind `kernel_paths`.
     """
-    in_avals = [v.aval for v in closed_jaxpr.jaxpr.invars]
+    in_avals = [dtypes.physical_aval(v.aval) for v in closed_jaxpr.jaxpr.invars]
     shapes = input_shapes or [a.shape for a in in_avals]
     input_types = [
         TensorType(dtypes.max_dtype(a.dtype), shape, device=device)
@@ -179,6 +202,8 @@ def build_graph(
     )
     with graph:
         args = [value.tensor for value in graph.inputs]
-        outs = lower_jaxpr(closed_jaxpr, *args, registry=registry, device=device)
+        outs = lower_jaxpr(
+            closed_jaxpr, *args, registry=registry, device=device, libraries=libraries
+        )
         graph.output(*outs)
     return graph

@@ -23,7 +23,14 @@ import logging
 
 from juju import cache, plugins
 from juju import call as _call  # registers juju_call_p and its rules
-from juju._compat import Tracer, canonical_dtype, python_scalar_dtype
+from juju._compat import (
+    PRNGKeyArray,
+    Tracer,
+    canonical_dtype,
+    is_key_dtype,
+    key_impl,
+    python_scalar_dtype,
+)
 from juju.dtypes import max_dtype, numpy_dtype
 from juju.engine import Engine, cpu_engine
 from juju.errors import JujuError
@@ -64,6 +71,10 @@ def _jax_signature(leaf):
     return (leaf.shape, leaf.dtype, leaf.weak_type)
 
 
+def _keys_signature(leaf):
+    return (leaf.shape, leaf.dtype, False)
+
+
 def _generic_signature(leaf):
     return ((), canonical_dtype(leaf.dtype), False)
 
@@ -90,6 +101,8 @@ def _signature_handler(kind):
         raise _TracerSeen
     if issubclass(kind, np.ndarray):
         handler = _numpy_signature
+    elif issubclass(kind, PRNGKeyArray):
+        handler = _keys_signature
     elif issubclass(kind, jax.Array):
         handler = _jax_signature
     elif issubclass(kind, np.generic):
@@ -172,11 +185,18 @@ def _buffer_from_scalar(leaf, dtype, device):
     return buffer if buffer.device == device else buffer.to(device)
 
 
+def _buffer_from_keys(leaf, dtype, device):
+    """A PRNG key array travels as its raw key data (see dtypes.physical_aval)."""
+    return _buffer_from_jax(jax.random.key_data(leaf), None, device)
+
+
 def _converter(kind):
     from max.driver import Buffer
 
     if issubclass(kind, Buffer):
         return _buffer_from_buffer
+    if issubclass(kind, PRNGKeyArray):
+        return _buffer_from_keys
     if issubclass(kind, jax.Array):
         return _buffer_from_jax
     if kind in (int, float, bool, complex):
@@ -200,8 +220,9 @@ def _to_buffer(leaf, dtype, device):
 class Executable:
     """A loaded MAX model plus how to feed it and rebuild the output pytree."""
 
-    def __init__(self, model, in_dtypes, out_tree, coerces_to_jnp, device):
+    def __init__(self, model, in_dtypes, out_tree, coerces_to_jnp, device, out_key_impls=()):
         self.model = model
+        self.out_key_impls = out_key_impls  # (output index, PRNG impl) of key outputs
         self.in_dtypes = in_dtypes
         self.out_tree = out_tree
         self.coerces_to_jnp = coerces_to_jnp
@@ -218,6 +239,8 @@ class Executable:
         outs = self._execute(buffers)
         if self.coerces_to_jnp:
             outs = [to_jax(o) for o in outs]
+        for i, impl in self.out_key_impls:
+            outs[i] = jax.random.wrap_key_data(to_jax(outs[i]), impl=impl)
         return tree_util.tree_unflatten(self.out_tree, outs)
 
 
@@ -258,6 +281,14 @@ class Lowered:
     name: str
 
     @functools.cached_property
+    def out_key_impls(self) -> tuple:
+        return tuple(
+            (i, key_impl(aval))
+            for i, aval in enumerate(self.closed_jaxpr.out_avals)
+            if is_key_dtype(aval.dtype)
+        )
+
+    @functools.cached_property
     def kernel_paths(self) -> list:
         return [plugins.kernel_library(n).path() for n in sorted(self.kernel_names)]
 
@@ -268,6 +299,7 @@ class Lowered:
             registry=plugins.registry(),
             device=self.jit_function.engine.device_ref,
             kernel_paths=self.kernel_paths,
+            libraries=self.kernel_names,
             module=module,
         )
 
@@ -313,7 +345,8 @@ def compile_all(lowered: Sequence[Lowered]) -> list[Compiled]:
             fn = low.jit_function
             fn.compile_count += 1
             fn._cache[low.key] = Executable(
-                model, low.in_dtypes, low.out_tree, fn.coerces_to_jnp, engine.device
+                model, low.in_dtypes, low.out_tree, fn.coerces_to_jnp, engine.device,
+                low.out_key_impls,
             )
     return [Compiled(low, low.jit_function._cache[low.key]) for low in lowered]
 

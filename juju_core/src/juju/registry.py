@@ -133,9 +133,17 @@ class Registry:
     def all_rules(self) -> list[Rule]:
         return [r for rules in self._rules.values() for r in rules]
 
-    def select(self, ctx) -> Rule | None:
-        """The winning rule for the equation in `ctx`, or None."""
+    def select(self, ctx, libraries: frozenset | None = None) -> Rule | None:
+        """The winning rule for the equation in `ctx`, or None.
+
+        With `libraries` (the kernel libraries a graph was built with), rules
+        that need another library are passed over: equations that only appear
+        while lowering (inside a decomposition) fall back to rules the graph
+        can run, instead of calling a kernel it did not load.
+        """
         for rule in self._rules.get(ctx.eqn.primitive, ()):
+            if libraries is not None and not libraries.issuperset(rule.requires):
+                continue
             if rule.guard is None or rule.guard(ctx):
                 return rule
         return None

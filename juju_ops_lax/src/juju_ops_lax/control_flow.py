@@ -24,6 +24,7 @@ from max.graph import DeviceRef, Graph, TensorType, ops
 
 from juju import RuleSet
 from juju._compat import empty2_p, primitives as P
+from juju.dtypes import physical_aval
 from juju_ops_lax._util import reduce_axis
 
 rules = RuleSet()
@@ -85,6 +86,7 @@ def _while_loop(init, predicate, body):
 
 
 def _tensor_types(ctx, avals):
+    avals = map(physical_aval, avals)
     return [TensorType(ctx.max_dtype(a.dtype), list(a.shape), device=ctx.device) for a in avals]
 
 
@@ -141,7 +143,7 @@ def lower_while(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
         (pred,) = ctx.lower(cond_jaxpr, *cond_consts, *carry)
         out = []
         for old, value, aval in zip(carry, new, ctx.avals_out):
-            shape = list(aval.shape)
+            shape = list(physical_aval(aval).shape)
             mask = ops.reshape(pred, list(pred_shape) + [1] * (len(shape) - len(pred_shape)))
             out.append(ops.where(ops.broadcast_to(mask, shape), value, old))
         return out
@@ -169,7 +171,7 @@ def lower_scan(ctx, *args, reverse, length, jaxpr, num_consts, num_carry, unroll
     consts = list(args[:num_consts])
     init = list(args[num_consts : num_consts + num_carry])
     xs = list(args[num_consts + num_carry :])
-    y_avals = ctx.avals_out[num_carry:]
+    y_avals = [physical_aval(a) for a in ctx.avals_out[num_carry:]]
     unroll = length if unroll is True else max(int(unroll), 1)
 
     def step(carry, i):

@@ -1,21 +1,26 @@
-"""Linear algebra MAX can express by decomposition: cholesky, triangular_solve.
+"""Linear algebra by decomposition: cholesky, triangular_solve, qr (geqrf,
+householder_product), lu, tridiagonal_solve, custom_linear_solve.
 
-Both are loops over the matrix dimension written with `lax.fori_loop`, so they
-lower through the control-flow rules onto one MAX while loop (the graph does
-not grow with n). Each step is a batched matrix-vector product plus a
-dynamic update, O(n^3) in all like LAPACK's unblocked algorithms, without
-pivoting (neither needs it). lu, qr, svd, eig, eigh and tridiagonal_solve
-have no rule: they need pivoting or iterative eigen-solvers that are not
-written yet (see docs/coverage.md).
+cholesky, triangular_solve, geqrf and householder_product are loops over the
+matrix dimension written with `lax.fori_loop`, so they lower through the
+control-flow rules onto one MAX while loop (the graph does not grow with n).
+Each step is a batched matrix-vector product plus a dynamic update, O(n^3) in
+all like LAPACK's unblocked algorithms, with LAPACK's conventions (geqrf's
+Householder signs), so results match XLA's LAPACK calls to rounding. lu,
+qr, tridiagonal_solve and custom_linear_solve lower JAX's own generic
+implementations (`jax_impls`), as XLA does on platforms without LAPACK.
+svd, eig and eigh have no rule: their results are unique only up to signs or
+phases, and matching LAPACK's needs its exact iteration (see docs/coverage.md).
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
 from juju import RuleSet, lower_fun
-from juju._compat import primitives as P
+from juju._compat import geqrf_p, jax_impls, lu_pivots_to_permutation_p, primitives as P
 
 rules = RuleSet()
 
@@ -104,3 +109,87 @@ def _triangular_solve(a, b, *, left_side, lower, transpose_a, conjugate_a, unit_
 
 
 rules.register(P.triangular_solve_p)(lower_fun(_triangular_solve))
+
+
+# --- QR: geqrf and householder_product, LAPACK's conventions -------------------
+
+
+def _geqrf_one(a):
+    """LAPACK geqr2 on one (m, n) matrix: R above the diagonal, reflectors
+    below it, and their scales tau (H_j = I - tau_j v_j v_j^T, v_j[j] = 1)."""
+    m, n = a.shape
+    k = min(m, n)
+    rows = lax.broadcasted_iota(jnp.int32, (m,), 0)
+    cols = lax.broadcasted_iota(jnp.int32, (n,), 0)
+
+    def step(j, state):
+        a, taus = state
+        col = lax.dynamic_index_in_dim(a, j, axis=1, keepdims=False)
+        alpha = lax.dynamic_index_in_dim(col, j, keepdims=False)
+        below = jnp.where(rows > j, col, jnp.zeros_like(col))
+        xnorm = jnp.sqrt(jnp.sum(below * below))
+        norm = jnp.sqrt(alpha * alpha + xnorm * xnorm)
+        beta = jnp.where(alpha >= 0, -norm, norm)  # dlarfg: -sign(alpha) * norm
+        identity = xnorm == 0  # H = I, column left as is
+        safe_beta = jnp.where(identity, jnp.ones_like(beta), beta)
+        tau = jnp.where(identity, jnp.zeros_like(beta), (beta - alpha) / safe_beta)
+        scale = jnp.where(identity, jnp.zeros_like(beta), 1 / jnp.where(identity, 1, alpha - beta))
+        v = jnp.where(rows > j, col * scale, jnp.where(rows == j, 1, 0).astype(a.dtype))
+        w = v @ a  # (n,)
+        updated = a - tau * v[:, None] * w[None, :]
+        a = jnp.where((cols > j)[None, :], updated, a)
+        new_col = jnp.where(rows == j, beta, jnp.where(rows > j, v, col))
+        new_col = jnp.where(identity, col, new_col)
+        a = lax.dynamic_update_index_in_dim(a, new_col[:, None], j, axis=1)
+        taus = lax.dynamic_update_index_in_dim(taus, tau[None], j, axis=0)
+        return a, taus
+
+    taus = jnp.zeros((k,), a.dtype)
+    if k == 0:
+        return a, taus
+    if k == 1:  # a length-1 loop crashes MAX's compiler (SIGSEGV)
+        return step(0, (a, taus))
+    return lax.fori_loop(0, k, step, (a, taus))
+
+
+def _householder_product_one(a, taus):
+    """LAPACK orgqr: the first n columns of H_0 H_1 ... H_{k-1}."""
+    m, n = a.shape
+    (k,) = taus.shape
+    rows = lax.broadcasted_iota(jnp.int32, (m,), 0)
+    q = jnp.eye(m, n, dtype=a.dtype)
+
+    def step(i, q):
+        j = k - 1 - i
+        col = lax.dynamic_index_in_dim(a, j, axis=1, keepdims=False)
+        tau = lax.dynamic_index_in_dim(taus, j, keepdims=False)
+        v = jnp.where(rows > j, col, jnp.where(rows == j, 1, 0).astype(a.dtype))
+        return q - tau * v[:, None] * (v @ q)[None, :]
+
+    if k == 0:
+        return q
+    if k == 1:
+        return step(0, q)
+    return lax.fori_loop(0, k, step, q)
+
+
+def _batched(fun, ndim_core):
+    def run(*xs):
+        f = fun
+        for _ in range(xs[0].ndim - ndim_core):
+            f = jax.vmap(f)
+        return f(*xs)
+
+    return run
+
+
+rules.register(geqrf_p)(lower_fun(_batched(_geqrf_one, 2), multiple_results=True))
+rules.register(P.householder_product_p)(lower_fun(_batched(_householder_product_one, 2)))
+rules.register(P.qr_p)(lower_fun(jax_impls.qr, multiple_results=True))
+
+# --- LU, tridiagonal and user-defined solves: JAX's generic implementations ----
+
+rules.register(P.lu_p)(lower_fun(jax_impls.lu, multiple_results=True))
+rules.register(lu_pivots_to_permutation_p)(lower_fun(jax_impls.lu_pivots_to_permutation))
+rules.register(P.tridiagonal_solve_p)(lower_fun(jax_impls.tridiagonal_solve))
+rules.register(P.linear_solve_p)(lower_fun(jax_impls.custom_linear_solve, multiple_results=True))

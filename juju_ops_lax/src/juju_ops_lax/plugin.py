@@ -10,6 +10,7 @@ from juju_ops_lax import (
     elementwise,
     indexing,
     linalg,
+    prng,
     reduce_generic,
     reductions,
     shape,
@@ -31,6 +32,7 @@ def juju_rules():
         sorting.rules,
         bits.rules,
         linalg.rules,
+        prng.rules,
         reduce_generic.rules,
         control_flow.rules,
     ]

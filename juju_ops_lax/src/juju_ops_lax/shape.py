@@ -8,7 +8,7 @@ import numpy as np
 from max.graph import ops
 
 from juju import RuleSet
-from juju._compat import primitives as P, split_p
+from juju._compat import primitives as P, split_p, stack_p, unstack_p
 from juju_ops_lax._util import reject
 
 rules = RuleSet()
@@ -73,6 +73,22 @@ def lower_split(ctx, x, *, sizes, axis):
         index[axis] = slice(start, start + int(size))
         outs.append(ops.slice_tensor(x, index))
         start += int(size)
+    return outs
+
+
+@rules.register(stack_p)
+def lower_stack(ctx, *xs, axis):
+    return ops.stack(list(xs), axis=axis)
+
+
+@rules.register(unstack_p)
+def lower_unstack(ctx, x, *, axis):
+    rank = len(ctx.avals_in[0].shape)
+    outs = []
+    for i in range(ctx.avals_in[0].shape[axis]):
+        index = [slice(None)] * rank
+        index[axis] = i  # an integer index drops the axis
+        outs.append(x[tuple(index)])
     return outs
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from jax import lax
 
 from juju import RuleSet, lower_fun
-from juju._compat import primitives as P
+from juju._compat import jax_impls, primitives as P
 
 rules = RuleSet()
 
@@ -311,3 +311,15 @@ _DECOMPOSITIONS = {
 
 for _prim, _fun in _DECOMPOSITIONS.items():
     rules.register(_prim)(lower_fun(_widened(_fun)))
+
+
+# Incomplete gamma and beta functions: JAX's own series / continued-fraction
+# implementations (while loops), computed in float32 for float16/bfloat16
+# exactly as XLA's lowering does.
+for _prim, _impl in {
+    P.igamma_p: jax_impls.igamma_impl,
+    P.igammac_p: jax_impls.igammac_impl,
+    P.igamma_grad_a_p: jax_impls.igamma_grad_a_impl,
+    P.regularized_incomplete_beta_p: jax_impls.regularized_incomplete_beta_impl,
+}.items():
+    rules.register(_prim)(lower_fun(jax_impls.up_and_broadcast(_impl)))
