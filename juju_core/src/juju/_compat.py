@@ -166,3 +166,4 @@ from jax._src.random.prng import (  # noqa: E402
     random_wrap_p,
 )
 from jax._src.random.core import random_clone_p  # noqa: E402
+from jax._src.lax.control_flow import platform_index_p  # noqa: E402

@@ -23,7 +23,7 @@ from max.dtype import DType
 from max.graph import DeviceRef, Graph, TensorType, ops
 
 from juju import RuleSet
-from juju._compat import empty2_p, primitives as P
+from juju._compat import empty2_p, platform_index_p, primitives as P
 from juju.dtypes import physical_aval
 from juju_ops_lax._util import reduce_axis
 
@@ -94,7 +94,12 @@ def _tensor_types(ctx, avals):
 
 
 @rules.register(P.cond_p)
-def lower_cond(ctx, index, *operands, branches):
+def lower_cond(ctx, index, *operands, branches, branches_platforms=None):
+    if branches_platforms is not None:
+        # lax.platform_dependent: the branch is chosen by the device, statically
+        # (as XLA keeps only this platform's branch); the others may hold
+        # primitives of other platforms.
+        return ctx.lower(branches[_platform_branch(ctx, branches_platforms)], *operands)
     # XLA runs the last branch for an out-of-range index; so does this chain of
     # `index == k ? branch k : ...` with the last branch as the default.
     out_types = _tensor_types(ctx, ctx.avals_out)
@@ -234,3 +239,28 @@ def lower_empty2(ctx, *, dtype, memory_space):
     # A placeholder residual for branches of a differentiated cond that do
     # not produce it; its value is never read.
     return ctx.constant(0, ctx.aval_out.dtype)
+
+
+# --- platform_dependent ------------------------------------------------------------
+
+
+def _platform_branch(ctx, platforms) -> int:
+    """The branch of `lax.platform_dependent` XLA would run on the same kind of
+    device ('cpu' on CPU), else the default branch."""
+    mine = ("cpu",) if ctx.device.is_cpu() else ()
+    default = None
+    for i, names in enumerate(platforms):
+        if names is None:
+            default = i
+        elif any(name in mine for name in names):
+            return i
+    if default is None:
+        raise NotImplementedError(
+            f"platform_dependent: no branch for {mine or 'this device'} among {platforms}"
+        )
+    return default
+
+
+@rules.register(platform_index_p)
+def lower_platform_index(ctx, *, platforms):
+    return ctx.constant(_platform_branch(ctx, platforms), np.int32)
