@@ -143,27 +143,18 @@ GROUP_NOTES = {
     "real": "takes complex numbers (MAX has none).",
     "imag": "takes complex numbers (MAX has none).",
     "fft": "complex-valued; MAX has no complex dtype (irfft only) - not lowered.",
-    "random_categorical": "jax.random key arrays (extended dtype key<fry>) have no MAX "
-                          "representation: juju's interpreter checks every value against "
-                          "its aval, and a key of shape () is a uint32[2] underneath. Needs "
-                          "core support for extended dtypes (lower keys to their key data).",
-    "random_gamma": "key arrays (see random_categorical); random_gamma also has no rule.",
-    "random_randint": "key arrays (see random_categorical).",
-    "random_split": "key arrays (see random_categorical).",
-    "random_uniform": "key arrays (see random_categorical).",
-    "rng_bit_generator": "no rule yet (XLA's RNG_DEFAULT/THREE_FRY/PHILOX algorithms).",
-    "iota_2x32_shape": "the primitive is not exported by jax.extend (juju/_compat.py would "
-                       "have to import it from jax._src.random.prng).",
-    "svd": "no rule: needs an iterative (Jacobi) eigen-solver; not written yet.",
+    "rng_bit_generator": "no rule yet: XLA's RNG_DEFAULT/THREE_FRY/PHILOX bit generators "
+                         "(counter layout of xla/service/rng_bit_generator_expander) are "
+                         "not reproduced; jax.random's threefry keys are supported.",
+    "svd": "no rule: singular vectors are unique only up to sign; matching LAPACK's "
+           "gesdd needs its exact iteration (a Jacobi SVD would differ in signs).",
     "eig": "no rule: non-symmetric eigenproblems return complex values (MAX has none).",
-    "eigh": "no rule: needs an iterative (Jacobi) eigen-solver; not written yet.",
-    "qr": "no rule: Householder QR as a fori_loop decomposition is not written yet.",
-    "lu": "no rule: needs partial pivoting (row swaps in a loop); not written yet.",
-    "tridiagonal_solve": "no rule: Thomas algorithm as a fori_loop not written yet.",
-    "custom_linear_solve": "no rule for custom_linear_solve (and its lu inside).",
-    "igamma": "no rule: needs series/continued-fraction loops (Cephes igam).",
-    "igammac": "no rule: needs series/continued-fraction loops (Cephes igamc).",
-    "regularized_incomplete_beta": "no rule: needs a continued-fraction loop.",
+    "eigh": "no rule: eigenvectors are unique only up to sign; matching LAPACK's syevd "
+            "needs its exact iteration (a Jacobi solver would differ in signs).",
+    "qr": "Householder QR (LAPACK geqrf/orgqr conventions) passes on real dtypes; "
+          "complex harnesses are unsupported (MAX has no complex numbers).",
+    "lu": "JAX's own blocked LU (partial pivoting) passes on real dtypes; complex "
+          "harnesses are unsupported.",
     "approx_top_k": "values match; XLA's CPU approx_top_k orders ties unstably, juju "
                     "stably (lower index first).",
     "cholesky": "fori_loop decomposition; compiles slowly (a MAX while loop). A 1x1 "
