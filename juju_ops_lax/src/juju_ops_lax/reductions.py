@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from max.graph import ops
 
@@ -13,13 +15,24 @@ rules = RuleSet()
 
 
 def _reduce(op, ctx, x, axes):
-    """Reduce `axes` one at a time (MAX keeps each as size 1), then drop them."""
+    """Reduce `axes`: each run of adjacent axes merged into one (a reshape,
+    free) and reduced at once, MAX keeping it as size 1; then drop them."""
     if not axes:
         return x
-    shape = list(ctx.avals_in[0].shape)
+    shape = [int(d) for d in ctx.avals_in[0].shape]
+    runs = []
     for axis in sorted(axes):
-        x = reduce_axis(op, x, axis, shape)
-        shape[axis] = 1
+        if runs and runs[-1][-1] == axis - 1:
+            runs[-1].append(axis)
+        else:
+            runs.append([axis])
+    for run in reversed(runs):  # from the back: earlier axes keep their index
+        first, last = run[0], run[-1]
+        merged = shape[:first] + [math.prod(shape[first:last + 1])] + shape[last + 1:]
+        if len(run) > 1:
+            x = ops.reshape(x, merged)
+        x = reduce_axis(op, x, first, merged)
+        shape = merged[:first] + [1] + merged[first + 1:]
     return ops.reshape(x, list(ctx.aval_out.shape))
 
 
