@@ -64,6 +64,12 @@ def reduce_axis(op, x, axis: int, shape=None):
     kept = shape[:axis] + [1] + shape[axis + 1:]
     if _maybe_broadcast(x):
         reduced = op(ops.reshape(x, [pre, size, post]), axis=1)
+    elif post == 1 and pre < _FEW_ROWS and op in _ASSOCIATIVE and _split(size):
+        # A few long rows: MAX reduces a row on one thread. Reduce chunks of
+        # each row first (many rows, in parallel), then the partial results.
+        chunk = _split(size)
+        partial = op(ops.reshape(x, [pre * (size // chunk), chunk]), axis=1)
+        reduced = op(ops.reshape(partial, [pre, size // chunk]), axis=1)
     elif post == 1:
         reduced = op(ops.reshape(x, [pre, size]) if len(shape) != 2 else x, axis=1)
     elif op is ops.sum and x.dtype == DType.float32:
@@ -72,6 +78,23 @@ def reduce_axis(op, x, axis: int, shape=None):
     else:
         reduced = op(ops.reshape(x, [pre, size, post]), axis=1)
     return ops.reshape(reduced, kept)
+
+
+_FEW_ROWS = 16
+_ASSOCIATIVE = (ops.sum, ops.max, ops.min, ops.prod)
+
+
+def _split(size: int) -> int:
+    """A chunk length for two-stage reduction of a row of `size`: a divisor
+    near sqrt(size), at least 1024; 0 when the row is short or has none."""
+    if size < 1 << 16:
+        return 0
+    chunk = 1 << (size.bit_length() // 2)
+    while chunk >= 1024:
+        if size % chunk == 0:
+            return chunk
+        chunk //= 2
+    return 0
 
 
 # Producers whose result is computed data, never a broadcast in disguise.
