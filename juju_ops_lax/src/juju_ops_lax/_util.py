@@ -111,13 +111,18 @@ def _maybe_broadcast(x, budget: int = 64) -> bool:
         budget -= 1
         if budget < 0:
             return True
-        owner = pending.pop().owner
+        owner = getattr(pending.pop(), "owner", None)
+        if owner is None:
+            return True
         kind = type(owner).__name__
         if kind == "Block" or kind in _OPAQUE_OPS or "Reduce" in kind or "Conv" in kind:
             return False  # one operand is real data: the elementwise result is too
         if kind in ("BroadcastToOp", "MoTileOp", "ConstantOp"):
             continue
-        operands = [operand.value for operand in owner.operands]
+        try:  # OpOperands for most ops, plain Values for some (custom kernels)
+            operands = [getattr(operand, "value", operand) for operand in owner.operands]
+        except Exception:
+            return True  # an op we cannot inspect: assume the worst
         if not operands:
             continue
         pending.extend(operands)
