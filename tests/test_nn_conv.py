@@ -28,6 +28,10 @@ def conv(dn, strides=None, padding="VALID", lhs_dilation=None, rhs_dilation=None
     return f
 
 
+def _ints(*shape):
+    return np.random.default_rng(sum(shape)).integers(-128, 128, shape).astype(np.int8)
+
+
 NCHW = ("NCHW", "OIHW", "NCHW")
 NHWC = ("NHWC", "HWIO", "NHWC")
 
@@ -52,6 +56,10 @@ CASES = [
     # bfloat16 operands made inside the function (MAX buffers cannot carry bf16 in)
     Case("bf16_to_f32", lambda x, w: conv(NHWC, pet=jnp.float32)(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)),
          (rand(1, 6, 6, 2), rand(3, 3, 2, 3)), rtol=1e-2, atol=1e-2),
+    # integer convolutions: exact in float64, wrapped like XLA's integers
+    Case("int8_to_int32", conv(NCHW, padding="SAME", pet=jnp.int32),
+         (_ints(2, 3, 6, 6), _ints(4, 3, 3, 3)), rtol=0, atol=0),
+    Case("int8_wraps", conv(NHWC, (2, 1)), (_ints(2, 6, 6, 3), _ints(3, 3, 3, 4)), rtol=0, atol=0),
     Case("f16", conv(NCHW), (rand(1, 2, 6, 6, dtype=np.float16), rand(2, 2, 3, 3, dtype=np.float16)), rtol=1e-2, atol=1e-2),
 ]
 

@@ -11,12 +11,18 @@ padding and feature groups. Everything else is brought into that form:
 - negative padding (from gradients): a crop;
 - batch_group_count (filter gradients of grouped convs): one convolution per
   group on contiguous batch slices, concatenated along the output features;
-- preferred_element_type: the operands are cast to the result type first.
+- preferred_element_type: the operands are cast to the result type first;
+- integer convolutions: computed in float64 (exact below 2**53), then wrapped
+  to the integer result type.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import numpy as np
+from max.dtype import DType
 from max.graph import ops
 
 from juju import RuleSet
@@ -35,12 +41,27 @@ def lower_conv_general_dilated(ctx, lhs, rhs, *, window_strides, padding, lhs_di
     # float32 convolutions in float32, which is at least as precise.
     lhs_aval, rhs_aval = ctx.avals_in
     out_dtype = np.dtype(ctx.aval_out.dtype)
-    if not (np.issubdtype(out_dtype, np.floating) or out_dtype.kind == "V"):
-        raise NotImplementedError(
-            f"conv_general_dilated: integer convolutions (preferred_element_type="
-            f"{preferred_element_type}, operands {lhs_aval.dtype}) are not supported by MAX"
-        )
     lhs_spec, rhs_spec, out_spec = dimension_numbers
+    if not (np.issubdtype(out_dtype, np.floating) or out_dtype.kind == "V"):
+        # MAX convolves floats only. Integer sums are exact in float64 while
+        # they stay under 2**53; the result then wraps to the output type as
+        # XLA's integer arithmetic does.
+        terms = math.prod(rhs_aval.shape[d] for d in rhs_spec[1:])
+        bound = _magnitude(lhs_aval.dtype) * _magnitude(rhs_aval.dtype) * terms
+        if bound >= 2**53:
+            raise NotImplementedError(
+                f"conv_general_dilated: integer convolution of {lhs_aval.dtype} x "
+                f"{rhs_aval.dtype} (preferred_element_type={preferred_element_type}) could "
+                "exceed float64's exact range; MAX convolves floats only"
+            )
+        as_float = lower_conv_general_dilated(
+            _with_float64_avals(ctx), ops.cast(lhs, DType.float64), ops.cast(rhs, DType.float64),
+            window_strides=window_strides, padding=padding, lhs_dilation=lhs_dilation,
+            rhs_dilation=rhs_dilation, dimension_numbers=dimension_numbers,
+            feature_group_count=feature_group_count, batch_group_count=batch_group_count,
+            precision=precision, preferred_element_type=np.dtype(np.float64),
+        )
+        return ops.cast(ops.cast(as_float, DType.int64), ctx.max_dtype(out_dtype))
     nd = len(lhs_spec) - 2
     if nd not in (1, 2, 3):
         raise NotImplementedError(
@@ -106,6 +127,25 @@ def lower_conv_general_dilated(ctx, lhs, rhs, *, window_strides, padding, lhs_di
     for i, d in enumerate(out_spec[2:]):
         perm[d] = 1 + i
     return _permute(out, perm)
+
+
+def _magnitude(dtype) -> int:
+    """The largest absolute value of an integer (or bool) dtype."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return 1
+    info = np.iinfo(dtype)
+    return max(abs(int(info.min)), int(info.max))
+
+
+def _with_float64_avals(ctx):
+    """`ctx` as if the operands and result were float64."""
+    def wide(aval):
+        return aval.update(dtype=np.dtype(np.float64), weak_type=False)
+
+    return dataclasses.replace(
+        ctx, avals_in=tuple(map(wide, ctx.avals_in)), avals_out=tuple(map(wide, ctx.avals_out))
+    )
 
 
 def _permute(x, order):
