@@ -165,8 +165,12 @@ GROUP_NOTES = {
     "cumsum": "float16 scans: XLA rounds in its own (sequential) order; juju scans in a "
               "log-step tree (now accumulating in float32), so a few f16 sums differ by "
               "more than the f16 tolerance.",
-    "reduce_window_add": "rule from the nn pack (juju_ops_nn/pooling.py): int64 with "
-                         "init_value 1 gives wrong values; reported to its owner.",
+    "reduce_window_add": "an init value other than the identity was dropped (int64, "
+                         "init_value 1); fixed after this run: XLA folds each window "
+                         "from the init (verified on that harness).",
+    "conv_general_dilated": "integer convolutions were unsupported; now computed exactly "
+                            "in float64 and wrapped (verified on that harness after "
+                            "this run).",
     "triangular_solve": "fori_loop decomposition; compiles slowly (a MAX while loop).",
 }
 

@@ -95,8 +95,10 @@ def lower_reduce_window(ctx, *operands_and_inits, jaxpr, consts, window_dimensio
     dtypes = tuple(np.dtype(a.dtype) for a in ctx.avals_in[:k])
     body = _vectorized_body(jaxpr, tuple(consts), size, dtypes)
     flat = lambda v: ops.reshape(v, [size])  # noqa: E731
-    acc = [flat(views[0]) for views in views_per_operand]
-    for i in range(1, len(views_per_operand[0])):
+    # XLA folds every window from the init values (an init that is not the
+    # monoid's identity counts once per output element).
+    acc = [ops.broadcast_to(ops.reshape(init, [1]), [size]) for init in inits]
+    for i in range(len(views_per_operand[0])):
         acc = ctx.lower(body, *acc, *(flat(views[i]) for views in views_per_operand))
     return [ops.reshape(a, out_shape) for a in acc]
 
