@@ -85,11 +85,12 @@ _ASSOCIATIVE = (ops.sum, ops.max, ops.min, ops.prod)
 
 
 def _split(size: int) -> int:
-    """A chunk length for two-stage reduction of a row of `size`: a divisor
-    near sqrt(size), at least 1024; 0 when the row is short or has none."""
+    """A chunk length for two-stage reduction of a row of `size`: a power of
+    two in [1024, 16384] dividing it, leaving at least 64 chunks to spread over
+    threads; 0 when the row is short or has no such divisor."""
     if size < 1 << 16:
         return 0
-    chunk = 1 << (size.bit_length() // 2)
+    chunk = min(1 << ((size // 64).bit_length() - 1), 1 << 14)  # <= size / 64, <= 16384
     while chunk >= 1024:
         if size % chunk == 0:
             return chunk
