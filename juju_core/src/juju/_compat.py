@@ -167,3 +167,19 @@ from jax._src.random.prng import (  # noqa: E402
 )
 from jax._src.random.core import random_clone_p  # noqa: E402
 from jax._src.lax.control_flow import platform_index_p  # noqa: E402
+
+
+# --- dead code elimination -------------------------------------------------------
+
+from jax._src.interpreters.partial_eval import dce_jaxpr as _dce_jaxpr  # noqa: E402
+
+
+def dce(closed_jaxpr):
+    """`closed_jaxpr` without equations whose results are unused (effects are
+    kept), inputs and outputs unchanged. JAX's tracing leaves such equations
+    (`_ = ...`), e.g. forward values a gradient does not need."""
+    jaxpr = closed_jaxpr.jaxpr
+    pruned, _ = _dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=True)
+    if len(pruned.eqns) == len(jaxpr.eqns):
+        return closed_jaxpr
+    return ClosedJaxpr(pruned, closed_jaxpr.consts)

@@ -27,6 +27,7 @@ from juju._compat import (
     PRNGKeyArray,
     Tracer,
     canonical_dtype,
+    dce,
     is_key_dtype,
     key_impl,
     python_scalar_dtype,
@@ -473,7 +474,7 @@ class JitFunction:
         _, _, signatures, _ = key
         avals = [jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in signatures]
         closed, out_tree = self.trace(treedef, statics, avals)
-        closed = apply_rewrites(closed)
+        closed = apply_rewrites(dce(closed))  # dead code first: rewrites match cleaner
         registry = plugins.registry()
         required = check_rules(closed, registry, self.engine.device_ref)
         lowered = Lowered(
