@@ -150,8 +150,10 @@ def lower_select_and_scatter_add(ctx, source, operand, *, select_prim, window_di
     for _, v in views[1:]:
         best = pick(best, v)
     zero = ops.broadcast_to(ctx.constant(0, ctx.avals_in[0].dtype), out_shape)
+    tiles = _tiles(shape, window_dimensions, window_strides, padding, out_shape)
     taken = None
     total = None
+    contributions = {}
     for offset, view in views:
         hit = ops.equal(view, best)
         if taken is not None:
@@ -160,13 +162,51 @@ def lower_select_and_scatter_add(ctx, source, operand, *, select_prim, window_di
         else:
             taken = hit
         contribution = ops.where(hit, source, zero)
+        if tiles:
+            contributions[offset] = contribution
+            continue
         spread, spread_shape = dilate(contribution, out_shape, window_strides)
         placed = pad_or_crop(
             spread, spread_shape,
             [(o, n - o - m) for o, n, m in zip(offset, shape, spread_shape)],
         )
         total = placed if total is None else ops.add(total, placed)
+    if tiles:
+        return _interleave(contributions, out_shape, window_dimensions)
     return pad_or_crop(total, shape, [(-int(lo), -int(hi)) for lo, hi in padding])
+
+
+def _tiles(shape, window, strides, padding, out_shape) -> bool:
+    """Windows that tile the operand exactly (stride = window, no padding), as
+    in ordinary max pooling: every input element is in exactly one window."""
+    return all(
+        int(w) == int(s) and int(lo) == 0 and int(hi) == 0 and int(n) == int(m) * int(s)
+        for w, s, (lo, hi), n, m in zip(window, strides, padding, shape, out_shape)
+    )
+
+
+def _interleave(contributions, out_shape, window):
+    """The input-shaped result from one out-shaped tensor per window offset:
+    element (o * w + k) of each axis comes from offset k, output position o.
+    One stack and reshape per pooled axis, instead of zero-inserting and
+    padding every offset's tensor to full size."""
+    items, shape = dict(contributions), list(out_shape)
+    for axis in reversed(range(len(window))):
+        w = int(window[axis])
+        groups: dict = {}
+        for offset, tensor in items.items():
+            groups.setdefault(offset[:axis] + offset[axis + 1:], [None] * w)[offset[axis]] = tensor
+        if w == 1:
+            items = {key: parts[0] for key, parts in groups.items()}
+            continue
+        merged = shape[:axis] + [shape[axis] * w] + shape[axis + 1:]
+        items = {
+            key: ops.reshape(ops.stack(parts, axis=axis + 1), merged)
+            for key, parts in groups.items()
+        }
+        shape = merged
+    (result,) = items.values()
+    return result
 
 
 @rules.register(P.select_and_gather_add_p)
