@@ -23,6 +23,12 @@ def layer_norm(x, g, b, eps=1e-5):
     return (x - m) * lax.rsqrt(v + eps) * g + b
 
 
+def layer_norm_var(x, g, b, eps=1e-5):
+    # as equinox and many hand-written models: jnp.var, a jit[_var] call
+    mean = jnp.mean(x, -1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(jnp.var(x, -1, keepdims=True) + eps) * g + b
+
+
 def layer_norm_sqrt(x, g, eps=1e-6):
     m = jnp.mean(x, -1, keepdims=True)
     v = jnp.mean(jnp.square(x - m), -1, keepdims=True)
@@ -57,6 +63,9 @@ CASES = [
     Case("layer_norm", layer_norm, (x3, rand(32), rand(32)), expect_in_graph=("layer_norm",)),
     Case("layer_norm_sqrt", layer_norm_sqrt, (x3, rand(32)), expect_in_graph=("layer_norm",)),
     Case("layer_norm_plain", lambda x: layer_norm(x, 1.0, 0.0), (x3,), expect_in_graph=("layer_norm",)),
+    Case("layer_norm_var", layer_norm_var, (x3, rand(32), rand(32)), expect_in_graph=("layer_norm",)),
+    Case("layer_norm_var_plain", lambda x: (x - x.mean(-1, keepdims=True))
+         / jnp.sqrt(x.var(-1, keepdims=True) + 1e-6), (x3,), expect_in_graph=("layer_norm",)),
     Case("rms_norm", rms_norm, (x3, rand(32)), expect_in_graph=("rms_norm",)),
     Case("rms_norm_plain", lambda x: rms_norm(x, 1.0), (x3,), expect_in_graph=("rms_norm",)),
     Case("attention_causal", attention, (q, k, v), expect_in_graph=("mo.reduce.softmax",)),

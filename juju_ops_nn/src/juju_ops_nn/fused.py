@@ -82,6 +82,20 @@ LAYER_NORM_AFFINE = Op("add", Op("mul", _NORM, Opt("broadcast_in_dim", X("gamma"
                        Opt("broadcast_in_dim", X("beta")))
 LAYER_NORM_SCALE = Op("mul", _NORM, Opt("broadcast_in_dim", X("gamma")))
 
+# jnp.var(x, axis, keepdims=True) stays a call: jit[name=_var](x, ddof=0).
+def _is_var_call(eqn):
+    return eqn.params.get("name") == "_var" and len(eqn.invars) == 2
+
+
+_VAR_CALL = Op("jit", X("x"), Lit(lambda v: _is_number(v) and float(v) == 0),
+               name="rvar", where=_is_var_call)
+_VAR_CALL_EPS = Op("add", _VAR_CALL, Lit(positive, "eps"))
+_NORM_V = Any(Op("mul", _CENT, Op("rsqrt", _VAR_CALL_EPS)),
+              Op("div", _CENT, Op("sqrt", _VAR_CALL_EPS)))
+LAYER_NORM_V_AFFINE = Op("add", Op("mul", _NORM_V, Opt("broadcast_in_dim", X("gamma"))),
+                         Opt("broadcast_in_dim", X("beta")))
+LAYER_NORM_V_SCALE = Op("mul", _NORM_V, Opt("broadcast_in_dim", X("gamma")))
+
 _MEAN_SQ = Op("div", _bcast(Op("reduce_sum", Any(
     Op("mul", X("x"), X("x")), Op("integer_pow", X("x"), where=_pow(2)), Op("square", X("x"))),
     name="rms")), Lit(_number, "n"))
@@ -90,9 +104,26 @@ _RMS = Any(Op("mul", X("x"), Op("rsqrt", _RMS_EPS)), Op("div", X("x"), Op("sqrt"
 RMS_NORM_SCALE = Op("mul", _RMS, Opt("broadcast_in_dim", X("w")))
 
 
+def _is_number(v):
+    try:
+        float(v)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _axes(eqn):
+    """A reduction's axes; for a jnp.var call, those of its sums."""
+    if eqn.primitive.name != "jit":
+        return tuple(int(a) for a in eqn.params["axes"])
+    sums = {tuple(int(a) for a in e.params["axes"])
+            for e in eqn.params["jaxpr"].jaxpr.eqns if e.primitive.name == "reduce_sum"}
+    return sums.pop() if len(sums) == 1 else None
+
+
 def _single_axis(*eqns):
-    axes = {tuple(int(a) for a in e.params["axes"]) for e in eqns}
-    if len(axes) != 1:
+    axes = {_axes(e) for e in eqns}
+    if len(axes) != 1 or None in axes:
         return None
     (axis,) = axes
     return axis[0] if len(axis) == 1 else None
@@ -143,7 +174,23 @@ def _norm_attrs(sum_names, count_names, params=("gamma", "beta")):
     return attrs
 
 
+def _var_norm_attrs(params):
+    base = _norm_attrs(("rmean", "rvar"), ("n1",), params)
+
+    def attrs(m, matcher):
+        var_out = m.binds["rvar"].outvars[0].aval
+        if var_out.dtype != m.binds["x"].aval.dtype:  # an upcast variance
+            return None
+        return base(m, matcher)
+
+    return attrs
+
+
 PATTERNS = [
+    Pattern("layer_norm", LAYER_NORM_V_AFFINE, ("x", "gamma", "beta"),
+            _var_norm_attrs(("gamma", "beta"))),
+    Pattern("layer_norm", LAYER_NORM_V_SCALE, ("x", "gamma"), _var_norm_attrs(("gamma",))),
+    Pattern("layer_norm", _NORM_V, ("x",), _var_norm_attrs(())),
     Pattern("layer_norm", LAYER_NORM_AFFINE, ("x", "gamma", "beta"),
             _norm_attrs(("rmean", "rvar"), ("n1", "n2"))),
     Pattern("layer_norm", LAYER_NORM_SCALE, ("x", "gamma"),
