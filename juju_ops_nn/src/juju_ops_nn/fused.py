@@ -20,7 +20,7 @@ from max.graph import ops
 from juju import Priority, RuleSet
 from juju._compat import primitives as P
 from juju_ops_nn.patterns import (
-    Any, Lit, Op, Opt, Pattern, X, near, nn_fused_p, positive, rewrite_closed_jaxpr,
+    Any, Lit, Op, Opt, Pattern, X, _is_number, near, nn_fused_p, positive, rewrite_closed_jaxpr,
 )
 
 rules = RuleSet()
@@ -102,14 +102,6 @@ _MEAN_SQ = Op("div", _bcast(Op("reduce_sum", Any(
 _RMS_EPS = Op("add", _MEAN_SQ, Lit(positive, "eps"))
 _RMS = Any(Op("mul", X("x"), Op("rsqrt", _RMS_EPS)), Op("div", X("x"), Op("sqrt", _RMS_EPS)))
 RMS_NORM_SCALE = Op("mul", _RMS, Opt("broadcast_in_dim", X("w")))
-
-
-def _is_number(v):
-    try:
-        float(v)
-        return True
-    except (TypeError, ValueError):
-        return False
 
 
 def _axes(eqn):
