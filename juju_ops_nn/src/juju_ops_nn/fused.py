@@ -20,7 +20,7 @@ from max.graph import ops
 from juju import Priority, RuleSet
 from juju._compat import primitives as P
 from juju_ops_nn.patterns import (
-    Any, Lit, Op, Opt, Pattern, X, _is_number, near, nn_fused_p, positive, rewrite_closed_jaxpr,
+    Any, Lit, Op, Opt, Pattern, X, is_number, near, nn_fused_p, positive, rewrite_closed_jaxpr,
 )
 
 rules = RuleSet()
@@ -87,7 +87,7 @@ def _is_var_call(eqn):
     return eqn.params.get("name") == "_var" and len(eqn.invars) == 2
 
 
-_VAR_CALL = Op("jit", X("x"), Lit(lambda v: _is_number(v) and float(v) == 0),
+_VAR_CALL = Op("jit", X("x"), Lit(lambda v: is_number(v) and float(v) == 0),
                name="rvar", where=_is_var_call)
 _VAR_CALL_EPS = Op("add", _VAR_CALL, Lit(positive, "eps"))
 _NORM_V = Any(Op("mul", _CENT, Op("rsqrt", _VAR_CALL_EPS)),

@@ -60,10 +60,10 @@ class Opt:
 
 
 def near(value, rel=1e-3):
-    return lambda v: _is_number(v) and math.isclose(float(v), value, rel_tol=rel, abs_tol=1e-7)
+    return lambda v: is_number(v) and math.isclose(float(v), value, rel_tol=rel, abs_tol=1e-7)
 
 
-def _is_number(v):
+def is_number(v):
     try:
         float(v)
         return True
@@ -72,7 +72,7 @@ def _is_number(v):
 
 
 def positive(v):
-    return _is_number(v) and 0 < float(v) < 1
+    return is_number(v) and 0 < float(v) < 1
 
 
 @dataclass
