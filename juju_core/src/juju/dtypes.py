@@ -6,6 +6,7 @@ import numpy as np
 import ml_dtypes
 from max.dtype import DType
 
+from juju._compat import physical_aval as _physical_aval
 from juju.errors import UnsupportedDtypeError
 
 _NUMPY_TO_MAX = {
@@ -61,6 +62,4 @@ def numpy_dtype(dtype: DType) -> np.dtype:
 def physical_aval(aval):
     """The aval a graph carries for `aval`: itself, or for a PRNG key array
     its raw key data (uint32[..., 2] for threefry), as XLA carries keys."""
-    from juju._compat import physical_aval as _physical
-
-    return _physical(aval)
+    return _physical_aval(aval)
