@@ -9,13 +9,19 @@ from __future__ import annotations
 
 from functools import partial
 
+import jax
 import numpy as np
 from max.graph import DeviceRef, Graph, TensorType
 
 from juju import dtypes
-import jax
-
-from juju._compat import ClosedJaxpr, Literal, is_key_dtype, equation_text, source_line, sub_jaxprs_of_params
+from juju._compat import (
+    ClosedJaxpr,
+    Literal,
+    equation_text,
+    is_key_dtype,
+    source_line,
+    sub_jaxprs_of_params,
+)
 from juju.context import LoweringContext, constant
 from juju.errors import LoweringError, MissingRule, MissingRuleError
 from juju.registry import Registry
