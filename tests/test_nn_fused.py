@@ -29,6 +29,14 @@ def layer_norm_var(x, g, b, eps=1e-5):
     return (x - mean) * jax.lax.rsqrt(jnp.var(x, -1, keepdims=True) + eps) * g + b
 
 
+def layer_norm_equinox(x, weight, bias, eps=1e-5):
+    # equinox.nn.LayerNorm.__call__ on one example, vmapped over the batch
+    mean = jnp.mean(x, keepdims=True)
+    variance = jnp.maximum(0.0, jnp.var(x, keepdims=True))
+    out = (x - mean) * jax.lax.rsqrt(variance + eps)
+    return weight * out + bias
+
+
 def layer_norm_sqrt(x, g, eps=1e-6):
     m = jnp.mean(x, -1, keepdims=True)
     v = jnp.mean(jnp.square(x - m), -1, keepdims=True)
@@ -66,6 +74,9 @@ CASES = [
     Case("layer_norm_var", layer_norm_var, (x3, rand(32), rand(32)), expect_in_graph=("layer_norm",)),
     Case("layer_norm_var_plain", lambda x: (x - x.mean(-1, keepdims=True))
          / jnp.sqrt(x.var(-1, keepdims=True) + 1e-6), (x3,), expect_in_graph=("layer_norm",)),
+    Case("layer_norm_equinox",  # per token, vmapped over tokens and batch
+         jax.vmap(jax.vmap(layer_norm_equinox, in_axes=(0, None, None)), in_axes=(0, None, None)),
+         (x3, rand(32), rand(32)), expect_in_graph=("layer_norm",)),
     Case("rms_norm", rms_norm, (x3, rand(32)), expect_in_graph=("rms_norm",)),
     Case("rms_norm_plain", lambda x: rms_norm(x, 1.0), (x3,), expect_in_graph=("rms_norm",)),
     Case("attention_causal", attention, (q, k, v), expect_in_graph=("mo.reduce.softmax",)),

@@ -89,7 +89,9 @@ def _is_var_call(eqn):
 
 _VAR_CALL = Op("jit", X("x"), Lit(lambda v: is_number(v) and float(v) == 0),
                name="rvar", where=_is_var_call)
-_VAR_CALL_EPS = Op("add", _VAR_CALL, Lit(positive, "eps"))
+# equinox's LayerNorm clamps the variance: jnp.maximum(0.0, variance), a no-op.
+_VAR_CALL_EPS = Op("add", Any(Op("max", _VAR_CALL, Lit(lambda v: is_number(v) and float(v) == 0)),
+                              _VAR_CALL), Lit(positive, "eps"))
 _NORM_V = Any(Op("mul", _CENT, Op("rsqrt", _VAR_CALL_EPS)),
               Op("div", _CENT, Op("sqrt", _VAR_CALL_EPS)))
 LAYER_NORM_V_AFFINE = Op("add", Op("mul", _NORM_V, Opt("broadcast_in_dim", X("gamma"))),
