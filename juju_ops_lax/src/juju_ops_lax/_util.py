@@ -62,22 +62,27 @@ def reduce_axis(op, x, axis: int, shape=None):
     axis = axis % len(shape) if shape else 0
     pre, size, post = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
     kept = shape[:axis] + [1] + shape[axis + 1:]
-    if _maybe_broadcast(x):
-        reduced = op(ops.reshape(x, [pre, size, post]), axis=1)
-    elif post == 1 and pre < _FEW_ROWS and op in _ASSOCIATIVE and _split(size):
-        # A few long rows: MAX reduces a row on one thread. Reduce chunks of
-        # each row first (many rows, in parallel), then the partial results.
-        chunk = _split(size)
-        partial = op(ops.reshape(x, [pre * (size // chunk), chunk]), axis=1)
-        reduced = op(ops.reshape(partial, [pre, size // chunk]), axis=1)
-    elif post == 1:
-        reduced = op(ops.reshape(x, [pre, size]) if len(shape) != 2 else x, axis=1)
-    elif op is ops.sum and x.dtype == DType.float32:
-        ones = ops.broadcast_to(ops.constant(1.0, DType.float32, device=x.device), [1, 1, size])
-        reduced = ops.matmul(ones, ops.reshape(x, [pre, size, post]))
-    else:
+    reduced = None if _maybe_broadcast(x) else _fast_reduce(op, x, pre, size, post, shape)
+    if reduced is None:
         reduced = op(ops.reshape(x, [pre, size, post]), axis=1)
     return ops.reshape(reduced, kept)
+
+
+def _fast_reduce(op, x, pre, size, post, shape):
+    """A faster form of the reduction of (pre, size, post)'s middle axis for an
+    operand that is not a broadcast, or None when there is none."""
+    chunk = _split(size) if post == 1 and pre < _FEW_ROWS and op in _ASSOCIATIVE else 0
+    if chunk:
+        # A few long rows: MAX reduces a row on one thread. Reduce chunks of
+        # each row first (many rows, in parallel), then the partial results.
+        partial = op(ops.reshape(x, [pre * (size // chunk), chunk]), axis=1)
+        return op(ops.reshape(partial, [pre, size // chunk]), axis=1)
+    if post == 1:
+        return op(ops.reshape(x, [pre, size]) if len(shape) != 2 else x, axis=1)
+    if op is ops.sum and x.dtype == DType.float32:
+        ones = ops.broadcast_to(ops.constant(1.0, DType.float32, device=x.device), [1, 1, size])
+        return ops.matmul(ones, ops.reshape(x, [pre, size, post]))
+    return None
 
 
 _FEW_ROWS = 16
@@ -124,7 +129,5 @@ def _maybe_broadcast(x, budget: int = 64) -> bool:
             operands = [getattr(operand, "value", operand) for operand in owner.operands]
         except Exception:
             return True  # an op we cannot inspect: assume the worst
-        if not operands:
-            continue
         pending.extend(operands)
     return True
