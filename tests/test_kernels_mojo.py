@@ -74,6 +74,16 @@ def logsumexp_ops(x):
     return jk.row_logsumexp(x), jk.row_logsumexp(x[0]), jk.row_logsumexp(x.reshape(2, 3, 4))
 
 
+def softmax_ops(x):
+    """jax.nn.softmax, fused by juju-ops-nn and lowered to `juju_row_softmax`:
+    last axis, a middle axis of rank 3, and the softmax inside attention."""
+    x3 = x.reshape(2, 6, 20)
+    q = x3[..., :8]
+    scores = jnp.einsum("bqd,bkd->bqk", q, q)
+    return (jax.nn.softmax(x, axis=-1), jax.nn.softmax(x3, axis=1),
+            jax.nn.softmax(jnp.where(jnp.tril(jnp.ones((6, 6), bool)), scores, -jnp.inf)))
+
+
 def grad_and_vmap(x, y):
     def loss(x, y):
         return jnp.sum(jk.row_logsumexp(jk.fma(x, y, jk.add_one(x))))
@@ -126,11 +136,20 @@ FLOAT_ARGS = {np.dtype(d).name: float_inputs(d) for d in FLOAT_DTYPES + [np.int3
 LSE_ARGS = {np.dtype(d).name: float_inputs(d, (6, 4))[0] for d in FLOAT_DTYPES}
 LSE_ARGS["float32"][1] = -np.inf  # rows of -inf and with +inf, as jax handles them
 LSE_ARGS["float32"][2, 3] = np.inf
+SOFTMAX_ARGS = {np.dtype(d).name: float_inputs(d, (12, 20))[0] * 4 for d in FLOAT_DTYPES}
+# rows with NaN, +inf, all -inf, and some -inf, in the SIMD part and the tail
+SOFTMAX_ARGS["float32"][0, 3] = np.nan
+SOFTMAX_ARGS["float32"][1, 18] = np.nan
+SOFTMAX_ARGS["float32"][2, 5] = np.inf
+SOFTMAX_ARGS["float32"][3] = -np.inf
+SOFTMAX_ARGS["float32"][4, ::3] = -np.inf
 GV_ARGS = float_inputs(np.float32, (5, 3))[:2]
-BF16_ARGS = {"new_primitives": float_inputs(np.float32), "logsumexp": float_inputs(np.float32)[:1]}
+BF16_ARGS = {"new_primitives": float_inputs(np.float32), "logsumexp": float_inputs(np.float32)[:1],
+             "softmax": float_inputs(np.float32, (12, 20))[:1]}
 BF16_FUNCTIONS = {
     "new_primitives": in_bfloat16(new_primitives),
     "logsumexp": in_bfloat16(logsumexp_ops),
+    "softmax": in_bfloat16(softmax_ops),
 }
 
 # Every case in ONE function, so ONE graph: MAX compiles each kernel
@@ -139,6 +158,7 @@ INPUTS = {
     "bits": BIT_ARGS,
     "new": FLOAT_ARGS,
     "lse": LSE_ARGS,
+    "softmax": SOFTMAX_ARGS,
     "bf16": BF16_ARGS,
     "grad_and_vmap": GV_ARGS,
     "threefry": THREEFRY_ARGS,
@@ -150,6 +170,7 @@ def everything(inputs):
         "bits": {k: bit_ops(*args) for k, args in inputs["bits"].items()},
         "new": {k: new_primitives(*args) for k, args in inputs["new"].items()},
         "lse": {k: logsumexp_ops(x) for k, x in inputs["lse"].items()},
+        "softmax": {k: softmax_ops(x) for k, x in inputs["softmax"].items()},
         "bf16": {k: BF16_FUNCTIONS[k](*args) for k, args in inputs["bf16"].items()},
         "grad_and_vmap": grad_and_vmap(*inputs["grad_and_vmap"]),
         "threefry": threefry(*inputs["threefry"]),
@@ -202,8 +223,9 @@ def test_kernel_rules_are_the_ones_that_ran(lowered):
     packs = winning_packs(lowered.closed_jaxpr)
     for prim in list(lax_rules.BINARY_OPS) + list(lax_rules.UNARY_OPS):
         assert packs[prim.name] == {"mojo"}, prim.name
-    for name in ("threefry2x32", "add_one", "fma", "row_logsumexp"):
+    for name in ("threefry2x32", "add_one", "fma", "row_logsumexp", "nn_fused"):
         assert packs[name] == {"mojo"}, name
+    assert lowered.as_text().count("juju_row_softmax") == 2 * 3 + 3  # f32, f16, bf16
     assert lowered.kernel_names == {jk.LIBRARY}
 
 
@@ -223,6 +245,13 @@ def test_add_one_and_fma_match_jax(results, dtype):
 def test_row_logsumexp_matches_jax(results, dtype):
     got, want = results
     assert_same(got["lse"][dtype], want["lse"][dtype])
+
+
+@pytest.mark.parametrize("dtype", list(SOFTMAX_ARGS))
+def test_softmax_kernel_matches_jax(results, dtype):
+    got, want = results
+    tol = 1e-6 if dtype == "float32" else 2e-3
+    assert_same(got["softmax"][dtype], want["softmax"][dtype], rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("name", list(BF16_ARGS))

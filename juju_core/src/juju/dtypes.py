@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import ml_dtypes
 from max.dtype import DType
@@ -30,6 +31,12 @@ _NUMPY_TO_MAX = {
 }
 _MAX_TO_NUMPY = {v: k for k, v in _NUMPY_TO_MAX.items()}
 _MAX_TO_NUMPY_BY_NAME = {v.name: k for k, v in _NUMPY_TO_MAX.items()}  # faster hashing
+
+
+def is_float(dtype) -> bool:
+    """Floating point, bfloat16 and float8 included (numpy does not count
+    ml_dtypes' types as `np.floating`)."""
+    return bool(jnp.issubdtype(dtype, jnp.floating))
 
 
 def max_dtype(dtype) -> DType:

@@ -1,12 +1,12 @@
 """Entry point of the Mojo kernels pack."""
 
 import juju
-from juju_kernels_mojo import kernel_library, lax_rules, primitives
+from juju_kernels_mojo import kernel_library, lax_rules, nn_rules, primitives
 
 
 @juju.hookimpl
 def juju_rules():
-    return [primitives.rules, lax_rules.rules]
+    return [primitives.rules, lax_rules.rules, nn_rules.rules]
 
 
 @juju.hookimpl

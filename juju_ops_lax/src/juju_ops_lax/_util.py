@@ -8,6 +8,8 @@ import numpy as np
 from max.dtype import DType
 from max.graph import ops
 
+from juju.dtypes import is_float  # noqa: F401  (re-exported for the rule modules)
+
 
 def full_like(ctx, value, like, dtype=None):
     """A constant `value` broadcast to the shape of `like`."""
@@ -17,10 +19,6 @@ def full_like(ctx, value, like, dtype=None):
 
 def scalar(ctx, value, dtype):
     return ctx.constant(np.asarray(value, dtype=dtype), dtype)
-
-
-def is_float(dtype) -> bool:
-    return np.issubdtype(np.dtype(dtype), np.floating) or np.dtype(dtype).kind == "V"
 
 
 def is_signed_int(dtype) -> bool:

@@ -18,6 +18,7 @@ import numpy as np
 from max.graph import ops
 
 from juju import Priority, RuleSet
+from juju.dtypes import is_float
 from juju._compat import primitives as P
 from juju_ops_nn.patterns import (
     Any, Lit, Op, Opt, Pattern, X, is_number, near, nn_fused_p, positive, rewrite_closed_jaxpr,
@@ -55,14 +56,27 @@ _SHIFT = Op("sub", X("x"), Opt("stop_gradient", _bcast(Opt("stop_gradient", Any(
     Op("max", Lit(_is_neg_inf), _MAX), _MAX)))), name="shift")
 _EXP = Op("exp", _SHIFT)
 
-SOFTMAX = Op("div", _EXP, _bcast(Op("reduce_sum", _EXP, name="rsum")))
+# float16/bfloat16: jax.nn.softmax sums the exponentials in float32.
+def _to_float(eqn):
+    return is_float(eqn.params["new_dtype"])
+
+
+def _float_convert(p):
+    return Any(Op("convert_element_type", p, where=_to_float), p)
+
+
+def _sum_of(p):
+    return _float_convert(_bcast(Op("reduce_sum", _float_convert(p), name="rsum")))
+
+
+SOFTMAX = Op("div", _EXP, _sum_of(_EXP))
 
 # jax.nn.dot_product_attention transposes the scores between the max and the
 # subtraction: softmax(transpose(x)).
 _SHIFT_T = Op("sub", Op("transpose", X("x"), name="tx"), Opt("stop_gradient", _bcast(Opt(
     "stop_gradient", Op("transpose", Any(Op("max", Lit(_is_neg_inf), _MAX), _MAX))))))
 _EXP_T = Op("exp", _SHIFT_T)
-SOFTMAX_T = Op("div", _EXP_T, _bcast(Op("reduce_sum", _EXP_T, name="rsum")))
+SOFTMAX_T = Op("div", _EXP_T, _sum_of(_EXP_T))
 LOG_SOFTMAX = Op("sub", _SHIFT, Op("log", _bcast(Op("reduce_sum", _EXP, name="rsum"))))
 
 GELU_TANH = Op("mul", X("x"), Op("mul", Lit(near(0.5)), Op("add", Lit(near(1.0)), Op("tanh", Op(
@@ -212,17 +226,13 @@ def lower_nn_fused(ctx, *args, name, attrs, call_jaxpr):
 
 def _named(*names):
     def guard(ctx):
-        return ctx.params["name"] in names and _is_float(ctx.avals_in[0].dtype)
+        return ctx.params["name"] in names and is_float(ctx.avals_in[0].dtype)
 
     guard.__qualname__ = f"name in {names}"
     return guard
 
 
-def _is_float(dtype):
-    return np.issubdtype(np.dtype(dtype), np.floating)
-
-
-def _along(op, x, axis, rank):
+def along_axis(op, x, axis, rank):
     """op over the last axis, for any axis (by permuting it last and back)."""
     if axis in (-1, rank - 1):
         return op(x)
@@ -237,7 +247,7 @@ def lower_nn_fused_softmax(ctx, x, *, name, attrs, call_jaxpr):
     if "perm" in attrs:
         x = ops.permute(x, list(attrs["perm"]))
     op = ops.softmax if name == "softmax" else ops.logsoftmax
-    return [_along(op, x, attrs["axis"], len(ctx.avals_in[0].shape))]
+    return [along_axis(op, x, attrs["axis"], len(ctx.avals_in[0].shape))]
 
 
 @rules.register(nn_fused_p, priority=Priority.FUSED, guard=_named("gelu"))
@@ -265,7 +275,7 @@ def lower_nn_fused_rms_norm(ctx, x, *weight, name, attrs, call_jaxpr):
 
 def _unary_call(ctx) -> bool:
     return (len(ctx.avals_in) == 1 and len(ctx.avals_out) == 1
-            and _is_float(ctx.avals_in[0].dtype))
+            and is_float(ctx.avals_in[0].dtype))
 
 
 _NAMED_UNARY = {"silu": ops.silu, "relu": ops.relu}
