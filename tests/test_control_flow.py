@@ -168,6 +168,9 @@ CASES = {
     "fori_dynamic_zero": (fori_dynamic, (np.int32(0), f32(4)), {}),
     "rnn": (rnn, (_rnn_params(), f32(12, 2, 4), np.zeros((2, 8), np.float32)), {}),
     "scan_reverse_pytree": (scan_reverse_pytree, ({"u": f32(5, 3), "v": f32(5, 2)},), {}),
+    # long enough to stay a loop (length x body > control_flow.UNROLL_BUDGET)
+    "rnn_looped": (rnn, (_rnn_params(), f32(150, 2, 4), np.zeros((2, 8), np.float32)), {}),
+    "scan_reverse_pytree_looped": (scan_reverse_pytree, ({"u": f32(300, 3), "v": f32(300, 2)},), {}),
     "scan_length_no_xs": (scan_length_no_xs, (f32(2),), {}),
     "scan_unroll_2": (lambda xs: scan_unroll(xs, 2), (f32(8),), {}),
     "scan_unroll_3_remainder": (lambda xs: scan_unroll(xs, 3), (f32(8),), {}),
@@ -214,6 +217,21 @@ def test_loops_are_not_unrolled():
     text = juju.jit(long_scan).lower(np.float32(0)).as_text()
     assert "mo.while" in text
     assert text.count("mo.sin") == 1
+
+
+def test_short_scans_with_outputs_become_straight_line_code():
+    """Stacked outputs cost a whole-buffer copy per loop step in MAX: a scan with
+    ys is unrolled while length x body stays within UNROLL_BUDGET, looped beyond."""
+    from juju_ops_lax.control_flow import UNROLL_BUDGET
+
+    for name, looped in (("rnn", False), ("rnn_looped", True),
+                         ("scan_reverse_pytree_looped", True)):
+        fn, args, _ = CASES[name]
+        text = juju.jit(fn).lower(*args).as_text()
+        assert ("mo.while" in text) == looped, name
+    text = juju.jit(rnn).lower(*CASES["rnn"][1]).as_text()
+    assert text.count("mo.tanh") == 12
+    assert 12 * 8 <= UNROLL_BUDGET < 150 * 8
 
 
 def test_control_flow_rules_are_selected():
