@@ -22,6 +22,7 @@ primitives = jex_core.primitives
 
 # Not exported by jax.extend (JAX 0.10); only needed as a registry key.
 from jax._src.lax.lax import optimization_barrier_p, split_p, stack_p, unstack_p  # noqa: E402
+from jax._src.export.shape_poly import dim_as_value_p  # noqa: E402,F401  (symbolic shapes)
 
 
 def source_line(eqn) -> str:

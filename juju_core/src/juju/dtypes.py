@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import ml_dtypes
@@ -70,3 +71,44 @@ def physical_aval(aval):
     """The aval a graph carries for `aval`: itself, or for a PRNG key array
     its raw key data (uint32[..., 2] for threefry), as XLA carries keys."""
     return _physical_aval(aval)
+
+
+# --- symbolic dimensions (jax.export shape polymorphism) ------------------------
+
+def max_dim(d):
+    """A JAX dimension as MAX takes it: an int, or for a symbolic dimension
+    (`jax.export.symbolic_shape`) the same expression over MAX `Dim`s."""
+    from max.graph import Dim, StaticDim
+
+    if isinstance(d, Dim) and not isinstance(d, StaticDim):
+        return d  # already a MAX symbolic or algebraic dimension
+    if not is_symbolic_dim(d):
+        return int(d)
+
+    def floordiv(a, b):
+        return a // b
+
+    def unsupported(*_):
+        raise NotImplementedError(f"symbolic dimension {d} has no MAX equivalent")
+
+    names = {n: Dim(n) for n in d.get_vars()}
+    scope = {"floordiv": floordiv, "mod": unsupported, "max": unsupported,
+             "min": unsupported, "non_negative": unsupported, **names}
+    return eval(str(d), {"__builtins__": {}}, scope)  # JAX prints Python syntax
+
+
+def max_shape(shape) -> list:
+    """`max_dim` of every dimension."""
+    return [max_dim(d) for d in shape]
+
+
+def is_symbolic_dim(d) -> bool:
+    return jax.export.is_symbolic_dim(d)
+
+
+def static_shape(shape) -> list[int] | None:
+    """The shape as ints (JAX or MAX dimensions), or None if any is symbolic."""
+    try:
+        return [int(d) for d in shape]
+    except (TypeError, ValueError, jax.errors.InconclusiveDimensionOperation):
+        return None

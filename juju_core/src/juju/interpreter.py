@@ -195,7 +195,7 @@ def build_graph(
     `libraries` names the kernel libraries behind `kernel_paths`.
     """
     in_avals = [dtypes.physical_aval(v.aval) for v in closed_jaxpr.jaxpr.invars]
-    shapes = input_shapes or [a.shape for a in in_avals]
+    shapes = input_shapes or [dtypes.max_shape(a.shape) for a in in_avals]
     input_types = [
         TensorType(dtypes.max_dtype(a.dtype), shape, device=device)
         for a, shape in zip(in_avals, shapes)

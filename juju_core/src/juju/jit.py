@@ -32,7 +32,7 @@ from juju._compat import (
     key_impl,
     python_scalar_dtype,
 )
-from juju.dtypes import max_dtype, numpy_dtype
+from juju.dtypes import is_symbolic_dim, max_dtype, numpy_dtype
 from juju.engine import Engine, cpu_engine
 from juju.errors import JujuError
 from juju.interpreter import build_graph, check_rules
@@ -391,9 +391,13 @@ def _models_for(engine: Engine, group: list[Lowered]) -> list:
 class JitFunction:
     """The callable `juju.jit(f)` returns."""
 
-    def __init__(self, fun, static_argnums, static_argnames, coerces_to_jnp, engine):
+    def __init__(self, fun, static_argnums, static_argnames, coerces_to_jnp, engine,
+                 polymorphic_shapes=None):
         self.fun = fun
         self.coerces_to_jnp = coerces_to_jnp
+        self.polymorphic_shapes = polymorphic_shapes
+        # symbolic signature -> Executable, or _PER_SHAPE when it cannot be built
+        self._symbolic: dict[tuple, Any] = {}
         self.engine = engine if engine is not None else cpu_engine()
         self.static_argnums, self.static_argnames = _resolve_statics(
             fun, static_argnums, static_argnames
@@ -450,9 +454,37 @@ class JitFunction:
         key = (treedef, statics, signature, plugins.generation())
         executable = self._cache.get(key)
         if executable is None:
-            self._lower(key, dyn_args, dyn_kwargs, statics, treedef).compile()
+            if self.polymorphic_shapes is not None:
+                executable = self._symbolic_executable(key, dyn_args, leaves)
+            if executable is None:
+                self._lower(key, dyn_args, dyn_kwargs, statics, treedef).compile()
             executable = self._cache[key]
         return executable.run(leaves)
+
+    def _symbolic_executable(self, key, dyn_args, leaves):
+        """The executable compiled once for `polymorphic_shapes`, now also
+        cached under this call's concrete signature; None where the function
+        cannot be lowered with symbolic dimensions (then: one per shape)."""
+        treedef, statics, signature, _ = key
+        shapes = _symbolic_shapes(self, dyn_args, signature)
+        symbolic = tuple((s, d, w) for s, (_, d, w) in zip(shapes, signature))
+        skey = _cache_key(treedef, statics, symbolic)
+        executable = self._symbolic.get(skey) or self._cache.get(skey)
+        if executable is None:
+            try:
+                lowered = self._lower_avals(skey, treedef, statics, _avals(symbolic))
+                lowered.graph  # rules that need static shapes fail here
+                executable = lowered.compile().executable
+            except Exception as exc:  # noqa: BLE001  (any failure: compile per shape)
+                log.info("juju: %s: not lowered with symbolic shapes (%s); compiling for "
+                         "each shape", getattr(self.fun, "__name__", "fn"),
+                         str(exc).splitlines()[0][:200])
+                executable = _PER_SHAPE
+            self._symbolic[skey] = executable
+        if executable is _PER_SHAPE:
+            return None
+        self._cache[key] = executable
+        return executable
 
     def lower(self, *args, **kwargs) -> Lowered:
         """Trace and lower for these arguments (arrays or jax.ShapeDtypeStruct).
@@ -462,17 +494,19 @@ class JitFunction:
         """
         dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
         leaves, treedef = tree_util.tree_flatten((dyn_args, dyn_kwargs))
-        key = (treedef, statics, tuple(map(_signature, leaves)), plugins.generation())
-        lowered = self._lower(key, dyn_args, dyn_kwargs, statics, treedef)
+        signature = tuple(map(_signature, leaves))
+        key = _cache_key(treedef, statics, signature)
+        lowered = self._lower_avals(key, treedef, statics, _avals(signature))
         lowered.graph  # build now, so that rule failures surface here
         return lowered
 
     def _lower(self, key, dyn_args, dyn_kwargs, statics, treedef) -> Lowered:
+        return self._lower_avals(key, treedef, statics, _avals(key[2]))
+
+    def _lower_avals(self, key, treedef, statics, avals) -> Lowered:
         lowered = self._lowered.get(key)
         if lowered is not None:
             return lowered
-        _, _, signatures, _ = key
-        avals = [jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in signatures]
         closed, out_tree = self.trace(treedef, statics, avals)
         closed = apply_rewrites(dce(closed))  # dead code first: rewrites match cleaner
         registry = plugins.registry()
@@ -482,7 +516,7 @@ class JitFunction:
             key=key,
             closed_jaxpr=closed,
             out_tree=out_tree,
-            in_dtypes=[d for _, d, _ in signatures],
+            in_dtypes=[a.dtype for a in avals],
             kernel_names=frozenset(required),
             name=_graph_name(self.fun),
         )
@@ -514,6 +548,56 @@ class JitFunction:
     def clear_cache(self):
         self._cache.clear()
         self._lowered.clear()
+
+
+_PER_SHAPE = object()  # marks a symbolic signature that could not be lowered
+
+
+def _avals(signature) -> list:
+    return [jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in signature]
+
+
+def _cache_key(treedef, statics, signature) -> tuple:
+    """The jit cache key; symbolic dimensions enter by name (those of
+    different `jax.export` scopes do not compare)."""
+    if any(is_symbolic_dim(d) for s, _, _ in signature for d in s):
+        signature = tuple((tuple(str(d) for d in s), dt, w) for s, dt, w in signature)
+    return (treedef, statics, signature, plugins.generation())
+
+
+def _symbolic_shapes(fn: JitFunction, dyn_args, signature) -> list:
+    """Each leaf's shape with the dimensions `polymorphic_shapes` names made
+    symbolic (`jax.export.symbolic_args_specs`); checks the call agrees."""
+    try:
+        specs = tree_util.tree_leaves(
+            jax.export.symbolic_args_specs(_arg_specs(dyn_args), fn.polymorphic_shapes))
+    except Exception as exc:  # JAX's parse and shape checks
+        raise ValueError(f"juju.jit({fn.__name__}): polymorphic_shapes="
+                         f"{fn.polymorphic_shapes!r} does not fit the arguments: {exc}") from exc
+    shapes = [s.shape for s in specs] + [s for s, _, _ in signature[len(specs):]]
+    bound: dict[str, int] = {}
+    for shape, (concrete, _, _) in zip(shapes, signature):
+        if len(shape) != len(concrete):
+            raise ValueError(f"juju.jit({fn.__name__}): polymorphic_shapes gives rank "
+                             f"{len(shape)} for an argument of shape {concrete}")
+        for d, n in zip(shape, concrete):
+            if not is_symbolic_dim(d):
+                if int(d) != n:
+                    raise ValueError(f"juju.jit({fn.__name__}): polymorphic_shapes expects "
+                                     f"{tuple(shape)}, got an argument of shape {concrete}")
+                continue
+            name = str(d)
+            if d.get_vars() != {name}:
+                raise ValueError(f"juju.jit({fn.__name__}): polymorphic_shapes: use plain "
+                                 f"dimension names, not '{d}'")
+            if bound.setdefault(name, n) != n:
+                raise ValueError(f"juju.jit({fn.__name__}): dimension '{name}' is "
+                                 f"{bound[name]} in one argument and {n} in another")
+    return shapes
+
+
+def _arg_specs(dyn_args):
+    return tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(*_signature(x)[:2]), dyn_args)
 
 
 def _graph_name(fun) -> str:
@@ -556,11 +640,18 @@ def jit(
     static_argnames: str | Sequence[str] = (),
     coerces_to_jnp: bool = False,
     engine: Engine | None = None,
+    polymorphic_shapes=None,
 ):
     """Compile `f` with MAX. Usable as `@jit` or `@jit(static_argnums=...)`.
 
     Returns MAX buffers (`.to_numpy()`), or jax arrays with `coerces_to_jnp`.
     The engine defaults to `cpu_engine()`.
+
+    `polymorphic_shapes`: shape specs of the positional (non-static)
+    arguments in `jax.export`'s syntax, e.g. `("b, ...", None)`: calls that
+    differ only in the named dimensions share one MAX compile with symbolic
+    dimensions. Where a rule needs static shapes, juju compiles per shape as
+    without it (logged once). See docs/performance.md for the trade-off.
     """
     if f is None:
         return functools.partial(
@@ -569,10 +660,12 @@ def jit(
             static_argnames=static_argnames,
             coerces_to_jnp=coerces_to_jnp,
             engine=engine,
+            polymorphic_shapes=polymorphic_shapes,
         )
     if not callable(f):
         raise TypeError(f"juju.jit expects a callable, got {type(f).__name__}")
-    return JitFunction(f, static_argnums, static_argnames, coerces_to_jnp, engine)
+    return JitFunction(f, static_argnums, static_argnames, coerces_to_jnp, engine,
+                       polymorphic_shapes)
 
 
 def make_max_graph(f: Callable, *, engine: Engine | None = None, **jit_kwargs):

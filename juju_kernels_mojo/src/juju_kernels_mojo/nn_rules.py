@@ -9,15 +9,11 @@ CPU only; log_softmax stays on `ops.logsoftmax`, which was as fast.
 
 from __future__ import annotations
 
-import math
-
-from jax.core import ShapedArray
-from max.graph import ops
+from max.graph import TensorType, ops
 
 import juju
 from juju.dtypes import is_float
 from juju_kernels_mojo import LIBRARY
-from juju_kernels_mojo.lowering import call_kernel
 
 rules = juju.RuleSet()
 
@@ -29,8 +25,9 @@ except ImportError:  # juju-ops-nn not installed: nothing to accelerate
 
 
 def _cpu_float_softmax(ctx) -> bool:
+    aval = ctx.avals_in[0]
     return (ctx.params["name"] == "softmax" and ctx.device.is_cpu()
-            and is_float(ctx.avals_in[0].dtype))
+            and is_float(aval.dtype) and 0 not in aval.shape)
 
 
 def lower_nn_fused_softmax_kernel(ctx, x, *, name, attrs, call_jaxpr):
@@ -40,13 +37,10 @@ def lower_nn_fused_softmax_kernel(ctx, x, *, name, attrs, call_jaxpr):
         x = ops.permute(x, list(attrs["perm"]))
 
     def row_softmax(v):
-        shape = [int(d) for d in v.shape]
-        cols = shape[-1] if shape else 1
-        rows = math.prod(shape[:-1])
-        flat = ShapedArray((rows, cols), aval.dtype)
-        (out,) = call_kernel(ctx, "juju_row_softmax", ops.reshape(v, (rows, cols)),
-                             out_avals=[flat])
-        return ops.reshape(out, shape)
+        flat = ops.reshape(v, [-1, v.shape[-1]]) if v.rank != 2 else v
+        (out,) = ops.custom("juju_row_softmax", ctx.device, [flat],
+                            [TensorType(flat.dtype, flat.shape, device=ctx.device)])
+        return ops.reshape(out, v.shape) if v.rank != 2 else out
 
     return [along_axis(row_softmax, x, attrs["axis"], len(aval.shape))]
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 
 import numpy as np
 from max.dtype import DType
 from max.graph import ops
 
 from juju.dtypes import is_float  # noqa: F401  (re-exported for the rule modules)
+from juju.dtypes import max_shape, static_shape
 
 
 def full_like(ctx, value, like, dtype=None):
@@ -56,7 +59,15 @@ def reduce_axis(op, x, axis: int, shape=None):
     the last axis directly; a float32 sum over another axis is a matmul with
     a row of ones (2x faster than MAX's strided reduction).
     """
-    shape = [int(d) for d in (shape if shape is not None else x.shape)]
+    dims = shape if shape is not None else x.shape
+    shape = static_shape(dims)
+    if shape is None:  # symbolic dimensions: the safe form, in MAX's dim arithmetic
+        dims = max_shape(dims)
+        axis %= len(dims)
+        pre = functools.reduce(operator.mul, dims[:axis], 1)
+        post = functools.reduce(operator.mul, dims[axis + 1:], 1)
+        reduced = op(ops.reshape(x, [pre, dims[axis], post]), axis=1)
+        return ops.reshape(reduced, dims[:axis] + [1] + dims[axis + 1:])
     axis = axis % len(shape) if shape else 0
     pre, size, post = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
     kept = shape[:axis] + [1] + shape[axis + 1:]

@@ -9,6 +9,7 @@ from max.graph import ops
 
 from juju import RuleSet
 from juju._compat import primitives as P
+from juju.dtypes import max_shape
 
 rules = RuleSet()
 
@@ -25,7 +26,7 @@ def _to_batched_matrix(x, shape, batch, contract, *, contract_last):
     f = math.prod(shape[d] for d in free)
     k = math.prod(shape[d] for d in contract)
     matrix = [f, k] if contract_last else [k, f]
-    return ops.reshape(x, [b, *matrix] if batch else matrix), [shape[d] for d in free]
+    return ops.reshape(x, max_shape([b, *matrix] if batch else matrix)), [shape[d] for d in free]
 
 
 @rules.register(P.dot_general_p)
@@ -45,4 +46,4 @@ def lower_dot_general(ctx, lhs, rhs, *, dimension_numbers, precision,
     b, rhs_free = _to_batched_matrix(rhs, rhs_aval.shape, rb, rc, contract_last=False)
     product = ops.matmul(a, b)
     batch_dims = [lhs_aval.shape[d] for d in lb]
-    return ops.reshape(product, batch_dims + lhs_free + rhs_free)
+    return ops.reshape(product, max_shape(batch_dims + lhs_free + rhs_free))

@@ -17,6 +17,7 @@ from max.graph import ops
 
 from juju import RuleSet
 from juju._compat import primitives as P
+from juju.dtypes import max_shape
 from juju_ops_lax._util import is_bool, is_float, is_signed_int, is_unsigned_int, scalar
 
 rules = RuleSet()
@@ -184,7 +185,7 @@ rules.register(P.min_p)(_nan_propagating(ops.min))
 @rules.register(P.clamp_p)
 def lower_clamp(ctx, lo, x, hi):
     clamp = _nan_propagating(ops.min)(ctx, _nan_propagating(ops.max)(ctx, x, lo), hi)
-    return ops.broadcast_to(clamp, ctx.aval_out.shape)
+    return ops.broadcast_to(clamp, max_shape(ctx.aval_out.shape))
 
 
 # --- powers --------------------------------------------------------------------
@@ -291,7 +292,7 @@ def lower_not(ctx, x):
 
 @rules.register(P.select_n_p)
 def lower_select_n(ctx, which, *cases):
-    shape = ctx.aval_out.shape
+    shape = max_shape(ctx.aval_out.shape)
     if len(cases) == 1:
         return ops.broadcast_to(cases[0], shape)
     which_dtype = ctx.avals_in[0].dtype

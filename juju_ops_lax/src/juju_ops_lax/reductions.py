@@ -9,6 +9,7 @@ from max.graph import ops
 
 from juju import RuleSet
 from juju._compat import primitives as P
+from juju.dtypes import max_shape, static_shape
 from juju_ops_lax._util import is_bool, is_float, reduce_axis, scalar
 
 rules = RuleSet()
@@ -19,7 +20,11 @@ def _reduce(op, ctx, x, axes):
     free) and reduced at once, MAX keeping it as size 1; then drop them."""
     if not axes:
         return x
-    shape = [int(d) for d in ctx.avals_in[0].shape]
+    shape = static_shape(ctx.avals_in[0].shape)
+    if shape is None:  # symbolic dimensions: one axis at a time
+        for axis in sorted(axes, reverse=True):
+            x = reduce_axis(op, x, axis)
+        return ops.reshape(x, max_shape(ctx.aval_out.shape))
     runs = []
     for axis in sorted(axes):
         if runs and runs[-1][-1] == axis - 1:

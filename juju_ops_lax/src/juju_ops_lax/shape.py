@@ -8,7 +8,8 @@ import numpy as np
 from max.graph import ops
 
 from juju import RuleSet
-from juju._compat import primitives as P, split_p, stack_p, unstack_p
+from juju._compat import dim_as_value_p, primitives as P, split_p, stack_p, unstack_p
+from juju.dtypes import max_dim, max_shape
 from juju_ops_lax._util import reject
 
 rules = RuleSet()
@@ -24,22 +25,22 @@ def lower_broadcast_in_dim(ctx, x, *dyn_shape, shape, broadcast_dimensions, shar
     for src, dst in enumerate(broadcast_dimensions):
         expanded[dst] = operand_shape[src]
     if tuple(expanded) != tuple(operand_shape):
-        x = ops.reshape(x, expanded)
+        x = ops.reshape(x, max_shape(expanded))
     if tuple(expanded) == tuple(shape):
         return x
-    return ops.broadcast_to(x, shape)
+    return ops.broadcast_to(x, max_shape(shape))
 
 
 @rules.register(P.reshape_p)
 def lower_reshape(ctx, x, *dyn_shape, new_sizes, dimensions, sharding):
     if dimensions is not None:
         x = ops.permute(x, list(dimensions))
-    return ops.reshape(x, list(new_sizes))
+    return ops.reshape(x, max_shape(new_sizes))
 
 
 @rules.register(P.squeeze_p)
 def lower_squeeze(ctx, x, *, dimensions):
-    return ops.reshape(x, list(ctx.aval_out.shape))
+    return ops.reshape(x, max_shape(ctx.aval_out.shape))
 
 
 @rules.register(P.transpose_p)
@@ -148,6 +149,15 @@ def lower_pad(ctx, x, padding_value, *, padding_config):
         shape[d] = max(lo, 0) + n + max(hi, 0)
         x = parts[0] if len(parts) == 1 else ops.concat(parts, axis=d)
     return x
+
+
+@rules.register(dim_as_value_p)
+def lower_dim_as_value(ctx, *, dim):
+    # A (symbolic) dimension as a scalar value: under jax.export shape polymorphism.
+    value = ops.reshape(ops.shape_to_tensor([max_dim(dim)]), [])
+    if not ctx.device.is_cpu():
+        value = ops.transfer_to(value, ctx.device)
+    return ops.cast(value, ctx.max_dtype(ctx.aval_out.dtype))
 
 
 @rules.register(P.iota_p)
