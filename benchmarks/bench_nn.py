@@ -22,6 +22,7 @@ from juju_ops_nn import models
 
 
 def median_ms(fn, repeats):
+    time.sleep(1.0)  # let the other runtime's spinning worker threads park (see run.py)
     fn()  # warm
     times = []
     for _ in range(repeats):

@@ -133,8 +133,16 @@ def workloads(rng):
 # --- timing -----------------------------------------------------------------------
 
 
+# MAX's and XLA's CPU worker threads keep spinning for a while after work:
+# timed right after the other runtime, a call measured up to 2x slower (a CNN
+# forward under jax.jit: 1.5 ms alone, 3.0 ms right after juju's loop). Every
+# measurement starts after a pause.
+SETTLE_S = 1.0
+
+
 def time_call(fn, repeats: int) -> float:
     """Median seconds per call; each sample loops long enough to be measurable."""
+    time.sleep(SETTLE_S)
     fn()
     start = time.perf_counter()
     fn()
@@ -220,6 +228,30 @@ def dispatch_overhead(repeats: int):
     return {k: statistics.median(v) for k, v in results.items()}
 
 
+def symbolic_batch(repeats: int):
+    """MLP forward compiled per batch size vs once with a symbolic batch
+    dimension (`polymorphic_shapes`): compiles, first-call and steady time."""
+    rng = np.random.default_rng(1)
+    params = [w for w in workloads(rng) if w[0] == "MLP forward"][0][2][0]
+    sizes = (32, 64, 128, 256)
+    xs = {n: rng.standard_normal((n, 256)).astype(F32) for n in sizes}
+    result = {}
+    for label, jf in (("per shape", juju.jit(mlp)),
+                      ("symbolic", juju.jit(mlp, polymorphic_shapes=(None, "b, ...")))):
+        first = []
+        for n in sizes:
+            start = time.perf_counter()
+            jf(params, xs[n])
+            first.append(time.perf_counter() - start)
+        steady = {n: time_call(lambda: jf(params, xs[n]), repeats) for n in sizes}
+        result[label] = {"compiles": jf.compile_count, "first_call_s": first,
+                         "steady_s": steady}
+    xla = jax.jit(mlp)
+    result["jax.jit"] = {"steady_s": {n: time_call(lambda: block(xla(params, xs[n])), repeats)
+                                      for n in sizes}}
+    return result
+
+
 STARTUP = textwrap.dedent(
     """
     import sys, time, json
@@ -294,6 +326,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default="")
     parser.add_argument("--no-startup", action="store_true")
+    parser.add_argument("--no-symbolic", action="store_true")
     args = parser.parse_args(argv)
     repeats = 3 if args.quick else 7
     only = {s.strip() for s in args.only.split(",") if s.strip()} or None
@@ -316,13 +349,24 @@ def main(argv=None) -> int:
     print(f"  juju's own work over raw execute: {added:.1f} µs (goal <= 5); "
           f"per tiny call {overhead['juju call (numpy scalars)']:.1f} µs (goal <= 30)")
 
+    symbolic = None
+    if not args.no_symbolic:
+        symbolic = symbolic_batch(repeats)
+        print("\nMLP forward over batch sizes 32/64/128/256 (ms; first calls include compiles):")
+        for label, r in symbolic.items():
+            first = ("  first calls " + " ".join(f"{t * 1e3:8.1f}" for t in r["first_call_s"])
+                     + f"  compiles {r['compiles']}") if "compiles" in r else ""
+            steady = " ".join(f"{t * 1e3:6.3f}" for t in r["steady_s"].values())
+            print(f"  {label:<10} steady {steady}{first}")
+
     startup = None
     if not args.no_startup:
         startup = first_call_latency()
         print(f"\nfirst call in a new process, warm cache: juju {startup['juju_s']:.3f} s, "
               f"jax.jit {startup['jax_s']:.3f} s, ratio {startup['juju_s'] / startup['jax_s']:.2f} (goal <= 3)")
 
-    report = {"rows": rows, "geomean": geomean, "dispatch_us": overhead, "first_call": startup}
+    report = {"rows": rows, "geomean": geomean, "dispatch_us": overhead, "first_call": startup,
+              "symbolic_batch": symbolic}
     (HERE / "results.json").write_text(json.dumps(report, indent=2))
     if chart(rows, HERE / "results.png"):
         print(f"\nwrote {HERE / 'results.json'} and {HERE / 'results.png'}")
