@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from jax import lax
 
+import juju
 from juju_ops_nn.testing import Case, run_cases
 
 rng = np.random.default_rng(0)
@@ -71,6 +72,8 @@ def _grads(f):
 for name, f, args in [
     ("grad_nchw_stride", conv(NCHW, (2, 2), "SAME"), (rand(2, 3, 9, 9), rand(4, 3, 3, 3))),
     ("grad_nhwc_dilated", conv(NHWC, (1, 1), "SAME", rhs_dilation=(2, 2)), (rand(2, 8, 8, 2), rand(3, 3, 2, 3))),
+    # filter gradient with a window dilated by the stride: conv._few_outputs_conv
+    ("grad_nhwc_stride2_large", conv(NHWC, (2, 2), "SAME"), (rand(2, 12, 12, 2), rand(3, 3, 2, 3))),
     ("grad_depthwise", conv(NHWC, (2, 2), "SAME", fgc=3), (rand(2, 8, 8, 3), rand(3, 3, 1, 6))),
     ("grad_grouped_nchw", conv(NCHW, (1, 2), ((1, 0), (2, 1)), fgc=2), (rand(2, 4, 7, 7), rand(4, 2, 3, 2))),
     ("grad_conv1d", conv(("NCW", "OIW", "NCW"), (3,), "SAME"), (rand(2, 2, 10), rand(3, 2, 4))),
@@ -94,3 +97,14 @@ def test_conv(results, name):
 def test_conv_primitive_appears():
     jaxpr = jax.make_jaxpr(CASES[0].fn)(*CASES[0].args)
     assert any(e.primitive.name == "conv_general_dilated" for e in jaxpr.jaxpr.eqns)
+
+
+def test_filter_gradients_with_few_outputs_are_matmuls():
+    """The filter gradient of a 3x3 conv over 12x12 images is a convolution
+    with a 12x12 window and 3x3 outputs: lowered as one matmul, not MAX's conv."""
+    case = next(c for c in CASES if c.name == "grad_nhwc_stride2_large")
+    x, w = case.args
+    dw = lambda x, w: case.fn(x, w)[1]  # noqa: E731
+    text = juju.jit(dw).lower(x, w).as_text()
+    assert text.count("conv") == 1  # the forward convolution only
+    assert "matmul" in text

@@ -19,6 +19,7 @@ padding and feature groups. Everything else is brought into that form:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import numpy as np
@@ -154,7 +155,46 @@ def _permute(x, order):
 
 
 def _conv(lhs, rhs, strides, dilation, pads, groups):
+    if groups == 1 and len(strides) == 2:
+        out = _few_outputs_conv(lhs, rhs, strides, dilation, pads)
+        if out is not None:
+            return out
     padding = tuple(p for pair in pads for p in pair)
     conv = ops.conv2d if len(strides) == 2 else ops.conv3d
     return conv(lhs, rhs, stride=tuple(strides), dilation=tuple(dilation),
                 padding=padding, groups=int(groups))
+
+
+# At most this many output positions, with a window at least WINDOW_RATIO
+# times larger: the filter gradient of a convolution (its window is the whole
+# image, its output the filter's 3x3). MAX's direct convolution took 0.66 ms
+# for the first conv of benchmarks/bench_nn.py's CNN (jax.jit 0.31 ms).
+FEW_OUTPUTS = 16
+WINDOW_RATIO = 4
+
+
+def _few_outputs_conv(lhs, rhs, strides, dilation, pads):
+    """A convolution with few output positions and a large window as one
+    matmul, [positions * N, window * C] @ [window * C, O], of the input window
+    under each output position; None when the shapes are not of that kind."""
+    lhs_shape = [int(d) for d in lhs.shape]
+    rhs_shape = [int(d) for d in rhs.shape]
+    window, (c, o), n = rhs_shape[:-2], rhs_shape[-2:], lhs_shape[0]
+    padded = [m + lo + hi for m, (lo, hi) in zip(lhs_shape[1:-1], pads)]
+    out_spatial = [(m - (w - 1) * d - 1) // s + 1
+                   for m, w, d, s in zip(padded, window, dilation, strides)]
+    positions = math.prod(out_spatial)
+    if (min(out_spatial) < 1 or positions > FEW_OUTPUTS
+            or math.prod(window) < WINDOW_RATIO * positions):
+        return None
+    lhs = pad_or_crop(lhs, lhs_shape, [(0, 0), *pads, (0, 0)])
+    k = math.prod(window) * c
+    rows = []
+    for position in itertools.product(*(range(m) for m in out_spatial)):
+        index = [slice(None)] + [slice(p * s, p * s + (w - 1) * d + 1, d)
+                                 for p, s, w, d in zip(position, strides, window, dilation)]
+        rows.append(ops.reshape(ops.slice_tensor(lhs, index + [slice(None)]), [n, k]))
+    out = ops.matmul(ops.concat(rows, axis=0) if len(rows) > 1 else rows[0],
+                     ops.reshape(rhs, [k, o]))
+    out = ops.permute(ops.reshape(out, [positions, n, o]), [1, 0, 2])
+    return ops.reshape(out, [n, *out_spatial, o])
