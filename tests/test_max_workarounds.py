@@ -38,6 +38,11 @@ def reduction_forms(x, xi, long_row, z):
             jnp.argmax(long_row), jnp.exp(b).sum(1), (b * x[0, 0, :, :4]).sum(1), x.prod(1))
 
 
+def select_then_reduce(x, g):
+    # a relu gradient summed over the batch (a bias gradient), and size-1 axes
+    return jnp.where(x > 0, g, 0.0).sum(0), x[:, :1].sum(1), x[:1].max(0), x[:, :1].prod(1)
+
+
 CASES = {
     "broadcast_then_reduce": (broadcast_then_reduce, (np.eye(3, dtype=np.float32),
                                                       np.array([1.0, 2.0, 3.0], np.float32),
@@ -49,6 +54,9 @@ CASES = {
         np.random.default_rng(2).standard_normal(1 << 17).astype(np.float32),
         np.arange(4, dtype=np.float32)[None])),
     "bool_scalar_input": (lambda b, x: jnp.where(b, x, -x), (np.bool_(True), np.float32(2.0))),
+    "select_then_reduce": (select_then_reduce, (
+        np.random.default_rng(3).standard_normal((6, 5)).astype(np.float32),
+        np.random.default_rng(4).standard_normal((6, 5)).astype(np.float32))),
 }
 JITTED = {name: juju.jit(fn) for name, (fn, _) in CASES.items()}
 
@@ -64,3 +72,13 @@ def test_matches_jax(name):
     # Float sums in another order than XLA's: a looser tolerance there.
     tol = dict(rtol=1e-4, atol=1e-4) if name == "reduction_forms" else {}
     assert_same(JITTED[name](*args), jax.jit(fn)(*args), **tol)
+
+
+def test_select_result_reduces_in_a_fast_form():
+    """select_n's result is not an (identity) broadcast, so a float32 sum of it
+    over the batch is the matmul with ones; a size-1 axis is no reduction."""
+    x, g = CASES["select_then_reduce"][1]
+    text = juju.jit(lambda x, g: jnp.where(x > 0, g, 0.0).sum(0)).lower(x, g).as_text()
+    assert "matmul" in text and "mo.reduce" not in text
+    text = juju.jit(lambda x: (x[:, :1].sum(1), x[:1].max(0))).lower(x).as_text()
+    assert "mo.reduce" not in text

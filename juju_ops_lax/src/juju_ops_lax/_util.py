@@ -14,6 +14,15 @@ from juju.dtypes import is_float  # noqa: F401  (re-exported for the rule module
 from juju.dtypes import max_shape, static_shape
 
 
+def broadcast_to(x, shape):
+    """`ops.broadcast_to` unless x already has `shape`: an identity broadcast
+    would make reduce_axis take x for a broadcast and its slow form."""
+    target = static_shape(shape)
+    if target is not None and static_shape(x.shape) == target:
+        return x
+    return ops.broadcast_to(x, max_shape(shape))
+
+
 def full_like(ctx, value, like, dtype=None):
     """A constant `value` broadcast to the shape of `like`."""
     dtype = dtype if dtype is not None else ctx.avals_in[0].dtype
@@ -71,6 +80,8 @@ def reduce_axis(op, x, axis: int, shape=None):
     axis = axis % len(shape) if shape else 0
     pre, size, post = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
     kept = shape[:axis] + [1] + shape[axis + 1:]
+    if size == 1 and op in _ASSOCIATIVE:  # one element per row: the value itself
+        return ops.reshape(x, kept)
     reduced = None if _maybe_broadcast(x) else _fast_reduce(op, x, pre, size, post, shape)
     if reduced is None:
         reduced = op(ops.reshape(x, [pre, size, post]), axis=1)

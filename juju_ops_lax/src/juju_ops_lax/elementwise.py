@@ -17,8 +17,9 @@ from max.graph import ops
 
 from juju import RuleSet
 from juju._compat import primitives as P
-from juju.dtypes import max_shape
-from juju_ops_lax._util import is_bool, is_float, is_signed_int, is_unsigned_int, scalar
+from juju_ops_lax._util import (
+    broadcast_to, is_bool, is_float, is_signed_int, is_unsigned_int, scalar,
+)
 
 rules = RuleSet()
 
@@ -185,7 +186,7 @@ rules.register(P.min_p)(_nan_propagating(ops.min))
 @rules.register(P.clamp_p)
 def lower_clamp(ctx, lo, x, hi):
     clamp = _nan_propagating(ops.min)(ctx, _nan_propagating(ops.max)(ctx, x, lo), hi)
-    return ops.broadcast_to(clamp, max_shape(ctx.aval_out.shape))
+    return broadcast_to(clamp, ctx.aval_out.shape)
 
 
 # --- powers --------------------------------------------------------------------
@@ -292,16 +293,16 @@ def lower_not(ctx, x):
 
 @rules.register(P.select_n_p)
 def lower_select_n(ctx, which, *cases):
-    shape = max_shape(ctx.aval_out.shape)
+    shape = ctx.aval_out.shape
     if len(cases) == 1:
-        return ops.broadcast_to(cases[0], shape)
+        return broadcast_to(cases[0], shape)
     which_dtype = ctx.avals_in[0].dtype
     if is_bool(which_dtype):
-        return ops.broadcast_to(ops.where(which, cases[1], cases[0]), shape)
+        return broadcast_to(ops.where(which, cases[1], cases[0]), shape)
     result = cases[-1]
     for i in range(len(cases) - 2, -1, -1):
         result = ops.where(ops.equal(which, scalar(ctx, i, which_dtype)), cases[i], result)
-    return ops.broadcast_to(result, shape)
+    return broadcast_to(result, shape)
 
 
 # --- conversions ---------------------------------------------------------------
