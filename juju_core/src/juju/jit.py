@@ -455,13 +455,13 @@ class JitFunction:
         executable = self._cache.get(key)
         if executable is None:
             if self.polymorphic_shapes is not None:
-                executable = self._symbolic_executable(key, dyn_args, leaves)
+                executable = self._symbolic_executable(key, dyn_args)
             if executable is None:
-                self._lower(key, dyn_args, dyn_kwargs, statics, treedef).compile()
+                self._lower(key, treedef, statics, _avals(signature)).compile()
             executable = self._cache[key]
         return executable.run(leaves)
 
-    def _symbolic_executable(self, key, dyn_args, leaves):
+    def _symbolic_executable(self, key, dyn_args):
         """The executable compiled once for `polymorphic_shapes`, now also
         cached under this call's concrete signature; None where the function
         cannot be lowered with symbolic dimensions (then: one per shape)."""
@@ -472,7 +472,7 @@ class JitFunction:
         executable = self._symbolic.get(skey) or self._cache.get(skey)
         if executable is None:
             try:
-                lowered = self._lower_avals(skey, treedef, statics, _avals(symbolic))
+                lowered = self._lower(skey, treedef, statics, _avals(symbolic))
                 lowered.graph  # rules that need static shapes fail here
                 executable = lowered.compile().executable
             except Exception as exc:  # noqa: BLE001  (any failure: compile per shape)
@@ -496,14 +496,11 @@ class JitFunction:
         leaves, treedef = tree_util.tree_flatten((dyn_args, dyn_kwargs))
         signature = tuple(map(_signature, leaves))
         key = _cache_key(treedef, statics, signature)
-        lowered = self._lower_avals(key, treedef, statics, _avals(signature))
+        lowered = self._lower(key, treedef, statics, _avals(signature))
         lowered.graph  # build now, so that rule failures surface here
         return lowered
 
-    def _lower(self, key, dyn_args, dyn_kwargs, statics, treedef) -> Lowered:
-        return self._lower_avals(key, treedef, statics, _avals(key[2]))
-
-    def _lower_avals(self, key, treedef, statics, avals) -> Lowered:
+    def _lower(self, key, treedef, statics, avals) -> Lowered:
         lowered = self._lowered.get(key)
         if lowered is not None:
             return lowered
@@ -581,10 +578,7 @@ def _symbolic_shapes(fn: JitFunction, dyn_args, signature) -> list:
             raise ValueError(f"juju.jit({fn.__name__}): polymorphic_shapes gives rank "
                              f"{len(shape)} for an argument of shape {concrete}")
         for d, n in zip(shape, concrete):
-            if not is_symbolic_dim(d):
-                if int(d) != n:
-                    raise ValueError(f"juju.jit({fn.__name__}): polymorphic_shapes expects "
-                                     f"{tuple(shape)}, got an argument of shape {concrete}")
+            if not is_symbolic_dim(d):  # constants: checked by jax.export above
                 continue
             name = str(d)
             if d.get_vars() != {name}:

@@ -18,8 +18,8 @@ import numpy as np
 from max.graph import ops
 
 from juju import Priority, RuleSet
-from juju.dtypes import is_float
 from juju._compat import primitives as P
+from juju.dtypes import is_float
 from juju_ops_nn.patterns import (
     Any, Lit, Op, Opt, Pattern, X, is_number, near, nn_fused_p, positive, rewrite_closed_jaxpr,
 )
