@@ -13,6 +13,7 @@ from juju_ops_lax import (
     prng,
     reduce_generic,
     reductions,
+    rewrites,
     shape,
     sorting,
     special,
@@ -36,3 +37,8 @@ def juju_rules():
         reduce_generic.rules,
         control_flow.rules,
     ]
+
+
+@juju.hookimpl
+def juju_jaxpr_rewrites():
+    return [rewrites.fold_transposed_dots]
