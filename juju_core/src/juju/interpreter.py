@@ -99,10 +99,8 @@ def _check_outputs(ctx, rule, outs) -> None:
         )
     for i, (value, aval) in enumerate(zip(outs, ctx.avals_out)):
         aval = dtypes.physical_aval(aval)
-        try:
-            shape = tuple(int(d) for d in value.shape)
-        except (TypeError, ValueError):  # symbolic dims: checked by MAX itself
-            shape = tuple(aval.shape)
+        shape = dtypes.static_shape(value.shape)
+        shape = tuple(aval.shape) if shape is None else tuple(shape)  # symbolic: MAX checks
         expected_dtype = dtypes.max_dtype(aval.dtype)
         if shape != tuple(aval.shape) or value.dtype != expected_dtype:
             raise LoweringError.at(
