@@ -93,11 +93,6 @@ def test_a_rule_with_wrong_output_shape_fails_at_its_equation(pack):
         juju.jit(lambda x: unknown_a.bind(x)).lower(X).as_text()
 
 
-def test_complex_inputs_get_a_clear_dtype_error():
-    with pytest.raises(juju.UnsupportedDtypeError, match="complex"):
-        juju.jit(lambda x: x * 2).lower(np.ones(3, np.complex64)).as_text()
-
-
 def test_gpu_engine_without_gpu_is_a_clear_error():
     from max import driver
 

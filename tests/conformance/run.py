@@ -282,6 +282,20 @@ def write_coverage(results: dict, meta: dict, path: Path = COVERAGE):
     path.write_text("\n".join(lines) + "\n")
 
 
+def _merged(previous: dict, results: dict, meta: dict) -> tuple[dict, dict]:
+    """A run in parts: newer results replace older ones harness by harness;
+    the run counts as full once every harness has a result."""
+    from tests.conformance.harnesses import listing
+
+    merged = {**previous["results"], **results}
+    parts = previous["meta"].get("parts") or [previous["meta"]]
+    parts = [*parts, {k: meta[k] for k in ("command", "date", "seconds")}]
+    meta = {**meta, "parts": parts, "seconds": sum(p["seconds"] for p in parts),
+            "command": "; ".join(p["command"] for p in parts),
+            "full": {n for _, n in listing()} <= set(merged)}
+    return merged, meta
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
@@ -305,6 +319,8 @@ def main(argv=None) -> int:
     p.add_argument("--update-known-gaps", action="store_true",
                    help="record the sample's failures in tests/conformance/known_gaps.json")
     p.add_argument("--match", help="only harnesses whose name contains this")
+    p.add_argument("--merge", action="store_true",
+                   help="add to the results already in --results (a full run in parts)")
     p.add_argument("--list", action="store_true",
                    help="print the selected harness names as JSON and exit")
     args = p.parse_args(argv)
@@ -340,6 +356,9 @@ def main(argv=None) -> int:
         "seconds": seconds, "batch_size": args.batch_size, "jobs": args.jobs,
         "jax": jax.__version__, "full": full,
     }
+    if args.merge and Path(args.results).exists():
+        results, meta = _merged(json.loads(Path(args.results).read_text()), results, meta)
+        full = meta["full"]
     Path(args.results).write_text(json.dumps({"meta": meta, "results": results},
                                              indent=0, sort_keys=True))
     if args.update_known_gaps:

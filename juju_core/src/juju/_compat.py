@@ -114,9 +114,23 @@ def is_key_dtype(dtype) -> bool:
     return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
 
 
-def physical_aval(aval):
+def key_data_aval(aval):
     """`aval` itself, or for a key array the aval of its raw key data."""
     return _physical_aval(aval) if is_key_dtype(aval.dtype) else aval
+
+
+def is_complex_dtype(dtype) -> bool:
+    return jax.dtypes.issubdtype(dtype, np.complexfloating)
+
+
+def physical_aval(aval):
+    """The aval a MAX graph carries for `aval`: a key array's raw key data; a
+    complex array as its (real, imaginary) parts, float[..., 2] (MAX has no
+    complex dtype); any other aval itself."""
+    if is_complex_dtype(aval.dtype):
+        part = np.finfo(aval.dtype).dtype
+        return aval.update(shape=(*aval.shape, 2), dtype=part, weak_type=False)
+    return key_data_aval(aval)
 
 
 from jax._src.random.prng import PRNGKeyArray  # noqa: E402,F401  (a jax.Array subclass)
@@ -154,6 +168,12 @@ class jax_impls:
         random_seed_impl_base as random_seed,
         random_split_impl_base as random_split,
         random_wrap,
+    )
+    from jax._src.lax.lax import (  # noqa: F401
+        _cos_complex as cos_complex,
+        _integer_pow as integer_pow,
+        _sin_complex as sin_complex,
+        logistic_impl as logistic,
     )
     from jax._src.random.threefry2x32 import _threefry2x32_lowering as threefry2x32  # noqa: F401
     from jax._src.random.core import _gamma_impl as random_gamma  # noqa: F401

@@ -181,10 +181,9 @@ def _host_callback(*arrays, jaxpr, engine, name):
     """Runs on the host when XLA reaches the callback."""
     Stats.callbacks += 1
     outs = runner(jaxpr, engine, name)(*arrays)
-    return [
-        np.asarray(o.to_numpy()).reshape(a.shape)
-        for o, a in zip(outs, jaxpr.out_avals)
-    ]
+    from juju.jit import to_numpy
+
+    return [np.asarray(to_numpy(o)).reshape(a.shape) for o, a in zip(outs, jaxpr.out_avals)]
 
 
 def _xla_implementation(*args, jaxpr, engine, name):

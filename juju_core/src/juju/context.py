@@ -58,6 +58,8 @@ class LoweringContext:
 def constant(array: np.ndarray, device: DeviceRef) -> TensorValue:
     """A MAX constant for a numpy array of any supported dtype."""
     array = np.asarray(array)
+    if array.dtype.kind == "c":  # carried as float[..., 2] (dtypes.physical_aval)
+        return constant(dtypes.complex_parts(array), device)
     target = dtypes.max_dtype(array.dtype)
     if array.dtype.kind == "V":
         # ml_dtypes (bfloat16, float8_*) are not understood by ops.constant;

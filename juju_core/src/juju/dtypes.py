@@ -8,7 +8,7 @@ import numpy as np
 import ml_dtypes
 from max.dtype import DType
 
-from juju._compat import physical_aval as _physical_aval
+from juju._compat import is_complex_dtype, physical_aval as _physical_aval
 from juju.errors import UnsupportedDtypeError
 
 _NUMPY_TO_MAX = {
@@ -49,9 +49,10 @@ def max_dtype(dtype) -> DType:
     name = getattr(dtype, "name", str(dtype))
     if np.issubdtype(np.dtype(dtype), np.complexfloating):
         raise UnsupportedDtypeError(
-            f"dtype {name} is not supported: MAX graphs have no complex numbers. "
-            "Split the computation into real and imaginary parts (jnp.real / "
-            "jnp.imag) outside juju.jit, or run this part with jax.jit."
+            f"dtype {name} is not supported here: MAX graphs have no complex dtype; "
+            "juju carries complex arrays as (real, imaginary) float pairs, and this "
+            "rule does not handle them. Run this part with jax.jit, or split it into "
+            "real and imaginary parts (jnp.real / jnp.imag)."
         )
     raise UnsupportedDtypeError(
         f"dtype {name} has no MAX equivalent; supported dtypes: "
@@ -68,9 +69,28 @@ def numpy_dtype(dtype: DType) -> np.dtype:
 
 
 def physical_aval(aval):
-    """The aval a graph carries for `aval`: itself, or for a PRNG key array
-    its raw key data (uint32[..., 2] for threefry), as XLA carries keys."""
+    """The aval a graph carries for `aval`: itself; for a PRNG key array its
+    raw key data (uint32[..., 2] for threefry), as XLA carries keys; for a
+    complex array its parts, float[..., 2] (real, imaginary)."""
     return _physical_aval(aval)
+
+
+def is_complex(dtype) -> bool:
+    return is_complex_dtype(dtype)
+
+
+def complex_parts(array: np.ndarray) -> np.ndarray:
+    """A complex numpy array's physical form: float[..., 2], a view where the
+    array is contiguous."""
+    array = np.asarray(array, order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
+    part = np.finfo(array.dtype).dtype
+    return array.reshape(-1).view(part).reshape(*array.shape, 2)
+
+
+def complex_from_parts(parts: np.ndarray, dtype) -> np.ndarray:
+    """The inverse of `complex_parts`: float[..., 2] -> complex[...]."""
+    parts = np.asarray(parts, order="C")
+    return parts.reshape(-1).view(np.dtype(dtype)).reshape(parts.shape[:-1])
 
 
 # --- symbolic dimensions (jax.export shape polymorphism) ------------------------

@@ -28,11 +28,18 @@ from juju._compat import (
     Tracer,
     canonical_dtype,
     dce,
+    is_complex_dtype,
     is_key_dtype,
     key_impl,
     python_scalar_dtype,
 )
-from juju.dtypes import is_symbolic_dim, max_dtype, numpy_dtype
+from juju.dtypes import (
+    complex_from_parts,
+    complex_parts,
+    is_symbolic_dim,
+    max_dtype,
+    numpy_dtype,
+)
 from juju.engine import Engine, cpu_engine
 from juju.errors import JujuError
 from juju.interpreter import build_graph, check_rules
@@ -136,6 +143,8 @@ _SMALL_BYTES = 1 << 16
 
 
 def _buffer_from_jax(leaf, dtype, device):
+    if leaf.dtype.kind == "c":  # DLPack would carry a dtype MAX lacks
+        return _buffer_from_array(leaf, leaf.dtype, device)
     if math.prod(leaf.shape) * leaf.dtype.itemsize <= _SMALL_BYTES:  # jax's nbytes is slow
         buffer = _host_buffer(np.array(leaf, order="C"))
     else:
@@ -163,6 +172,8 @@ def _host_buffer(array: np.ndarray):
         # Buffer.from_numpy re-checks what we know and costs ~3 us more. It
         # also fails on 0-d bools (its view needs a last axis); numpy cannot
         # export bools through DLPack, so they travel as uint8 views.
+        if array.dtype.kind == "c":  # as float[..., 2] (dtypes.physical_aval)
+            return Buffer._from_dlpack(complex_parts(array))
         if array.dtype == np.bool_ or array.dtype.kind == "V":  # bool, bfloat16, float8
             carrier = array.view(_UINT_OF_SIZE[array.dtype.itemsize])
             return Buffer._from_dlpack(carrier).view(max_dtype(array.dtype), array.shape)
@@ -221,9 +232,11 @@ def _to_buffer(leaf, dtype, device):
 class Executable:
     """A loaded MAX model plus how to feed it and rebuild the output pytree."""
 
-    def __init__(self, model, in_dtypes, out_tree, coerces_to_jnp, device, out_key_impls=()):
+    def __init__(self, model, in_dtypes, out_tree, coerces_to_jnp, device, out_key_impls=(),
+                 out_complex=()):
         self.model = model
         self.out_key_impls = out_key_impls  # (output index, PRNG impl) of key outputs
+        self.out_complex = out_complex  # (output index, complex dtype): float pairs in MAX
         self.in_dtypes = in_dtypes
         self.out_tree = out_tree
         self.coerces_to_jnp = coerces_to_jnp
@@ -242,6 +255,8 @@ class Executable:
             outs = [to_jax(o) for o in outs]
         for i, impl in self.out_key_impls:
             outs[i] = jax.random.wrap_key_data(to_jax(outs[i]), impl=impl)
+        for i, dtype in self.out_complex:
+            outs[i] = jax.numpy.asarray(complex_from_parts(to_numpy(outs[i]), dtype))
         return tree_util.tree_unflatten(self.out_tree, outs)
 
 
@@ -287,6 +302,14 @@ class Lowered:
             (i, key_impl(aval))
             for i, aval in enumerate(self.closed_jaxpr.out_avals)
             if is_key_dtype(aval.dtype)
+        )
+
+    @functools.cached_property
+    def out_complex(self) -> tuple:
+        return tuple(
+            (i, aval.dtype)
+            for i, aval in enumerate(self.closed_jaxpr.out_avals)
+            if is_complex_dtype(aval.dtype)
         )
 
     @functools.cached_property
@@ -347,7 +370,7 @@ def compile_all(lowered: Sequence[Lowered]) -> list[Compiled]:
             fn.compile_count += 1
             fn._cache[low.key] = Executable(
                 model, low.in_dtypes, low.out_tree, fn.coerces_to_jnp, engine.device,
-                low.out_key_impls,
+                low.out_key_impls, low.out_complex,
             )
     return [Compiled(low, low.jit_function._cache[low.key]) for low in lowered]
 

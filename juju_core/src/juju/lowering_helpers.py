@@ -6,7 +6,7 @@ import functools
 
 import jax
 
-from juju.dtypes import physical_aval
+from juju._compat import key_data_aval
 
 
 def lower_fun(fun, multiple_results: bool = False, *, extra_params=None):
@@ -70,7 +70,9 @@ def _trace(fun, avals, params):
 
 def _trace_uncached(fun, avals, params):
     kwargs = dict(params.items() if hasattr(params, "items") else params)
-    # Key arrays arrive as their raw key data (see dtypes.physical_aval).
-    avals = [physical_aval(a) for a in avals]
+    # Key arrays arrive as their raw key data (see dtypes.physical_aval);
+    # complex arrays stay complex: `fun` emits complex equations, lowered by
+    # their own rules.
+    avals = [key_data_aval(a) for a in avals]
     structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
     return jax.make_jaxpr(lambda *xs: fun(*xs, **kwargs))(*structs)

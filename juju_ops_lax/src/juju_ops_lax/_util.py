@@ -11,7 +11,7 @@ from max.dtype import DType
 from max.graph import ops
 
 from juju.dtypes import is_float  # noqa: F401  (re-exported for the rule modules)
-from juju.dtypes import max_shape, static_shape
+from juju.dtypes import max_shape, physical_aval, static_shape
 
 
 def broadcast_to(x, shape):
@@ -151,3 +151,27 @@ def _maybe_broadcast(x, budget: int = 64) -> bool:
             return True  # an op we cannot inspect: assume the worst
         pending.extend(operands)
     return True
+
+
+def lower_per_word(ctx, *operands, wide, **params):
+    """Apply a structural primitive to each word of the operands whose dtype
+    is `wide` (key arrays, complex numbers: carried as [..., words] arrays of
+    a plain dtype, see `juju.dtypes.physical_aval`), then restack."""
+    import jax
+
+    widened = [wide(a.dtype) for a in ctx.avals_in]
+    wide_aval = next(a for a in (*ctx.avals_in, *ctx.avals_out) if wide(a.dtype))
+    physical = physical_aval(wide_aval)
+    (words,) = physical.shape[wide_aval.ndim:]
+    structs = [
+        jax.ShapeDtypeStruct(a.shape, physical.dtype if w else a.dtype)
+        for a, w in zip(ctx.avals_in, widened)
+    ]
+    primitive = ctx.primitive
+    closed = jax.make_jaxpr(lambda *xs: primitive.bind(*xs, **params))(*structs)
+    per_word = []
+    for k in range(words):
+        args = [x[..., k] if w else x for x, w in zip(operands, widened)]
+        per_word.append(ctx.lower(closed, *args))
+    outs = [ops.stack([word[i] for word in per_word], axis=-1) for i in range(len(per_word[0]))]
+    return outs if primitive.multiple_results else outs[0]

@@ -4,6 +4,7 @@ import juju
 
 from juju_ops_lax import (
     bits,
+    complex_numbers,
     cumulative,
     control_flow,
     dot,
@@ -34,6 +35,7 @@ def juju_rules():
         bits.rules,
         linalg.rules,
         prng.rules,
+        complex_numbers.rules,
         reduce_generic.rules,
         control_flow.rules,
     ]

@@ -30,7 +30,7 @@ from juju._compat import (
     stack_p,
     unstack_p,
 )
-from juju.dtypes import physical_aval
+from juju_ops_lax._util import lower_per_word
 
 rules = RuleSet()
 
@@ -139,25 +139,5 @@ def _has_keys(ctx) -> bool:
     return any(is_key_dtype(a.dtype) for a in (*ctx.avals_in, *ctx.avals_out))
 
 
-def lower_per_key_word(ctx, *operands, **params):
-    """Apply the primitive to each word of the key arrays, then restack."""
-    keyed = [is_key_dtype(a.dtype) for a in ctx.avals_in]
-    key_aval = next(a for a in (*ctx.avals_in, *ctx.avals_out) if is_key_dtype(a.dtype))
-    physical = physical_aval(key_aval)
-    (words,) = physical.shape[key_aval.ndim:]
-    structs = [
-        jax.ShapeDtypeStruct(a.shape, physical.dtype if k else a.dtype)
-        for a, k in zip(ctx.avals_in, keyed)
-    ]
-    primitive = ctx.primitive
-    closed = jax.make_jaxpr(lambda *xs: primitive.bind(*xs, **params))(*structs)
-    per_word = []
-    for w in range(words):
-        args = [x[..., w] if k else x for x, k in zip(operands, keyed)]
-        per_word.append(ctx.lower(closed, *args))
-    outs = [ops.stack([word[i] for word in per_word], axis=-1) for i in range(len(per_word[0]))]
-    return outs if primitive.multiple_results else outs[0]
-
-
 for _prim in dict.fromkeys(_PER_WORD):
-    rules.register(_prim, priority=1, guard=_has_keys)(lower_per_key_word)
+    rules.register(_prim, priority=1, guard=_has_keys)(partial(lower_per_word, wide=is_key_dtype))
