@@ -58,6 +58,10 @@ CASES = {
     "scan": (lambda x: lax.scan(lambda c, row: (c * row + 1, c), jnp.ones((4,), x.dtype), x),
              (X,)),
     "cond": (lambda x, r: lax.cond(r[0, 0] > 0, lambda v: v * 2, lambda v: v / 2, x), (X, R)),
+    "reduce_window": (lambda x: (
+        lax.reduce_window(x, np.complex64(2), lax.mul, (2, 3), (2, 1), "SAME"),
+        lax.reduce_window(x, -np.inf + 0j, lax.max, (2, 2), (1, 1), "VALID"),
+        lax.reduce_window(x, np.complex64(0), lax.add, (2, 2), (1, 1), ((1, 0), (0, 1)))), (X,)),
     "grad_through_complex": (jax.grad(lambda r: jnp.abs(jnp.exp(1j * r) * (r + 2j)).sum()), (R,)),
 }
 

@@ -12,6 +12,7 @@ avals and re-enters these rules. Formulas follow XLA's complex expansions
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import NamedTuple
 
 import jax
@@ -342,7 +343,7 @@ def make_complex(x, y):
     return C(*jax.numpy.broadcast_arrays(x, y))  # JAX's own lowerings pass scalar zeros
 
 
-def conj(x, *, input_dtype):
+def conj(x, *, input_dtype=None):
     if isinstance(x, C):
         return C(x.re, -x.im)
     return C(x, jax.numpy.zeros_like(x))
@@ -489,12 +490,60 @@ def sort(*operands, dimension, is_stable, num_keys):
 _register(P.sort_p)(on_parts(sort))
 
 
+# --- windowed reductions ------------------------------------------------------------
+
+
+def _reduce_window(operands, inits, combine, *, window_dimensions, window_strides, padding,
+                   base_dilation, window_dilation):
+    """XLA's reduce_window in lax terms: every window offset is a strided
+    slice folded into the init values; positions that padding or base
+    dilation added are skipped (XLA CPU does not fold them in)."""
+    config = [(lo, hi, b - 1) for (lo, hi), b in zip(padding, base_dilation)]
+    xs = [lax.pad(x, init, config) for x, init in zip(operands, inits)]
+    real = lax.pad(jax.numpy.ones(operands[0].shape, bool), False, config)
+    shape = xs[0].shape
+    out_shape = [
+        0 if n < (w - 1) * d + 1 else (n - (w - 1) * d - 1) // s + 1
+        for n, w, d, s in zip(shape, window_dimensions, window_dilation, window_strides)
+    ]
+    acc = [lax.broadcast(init, out_shape) for init in inits]
+    if 0 in out_shape:
+        return acc
+    for offset in itertools.product(*(range(w) for w in window_dimensions)):
+        start = [o * d for o, d in zip(offset, window_dilation)]
+        limit = [b + (n - 1) * s + 1 for b, n, s in zip(start, out_shape, window_strides)]
+        keep = lax.slice(real, start, limit, window_strides)
+        views = [lax.slice(x, start, limit, window_strides) for x in xs]
+        acc = [jax.numpy.where(keep, new, old)
+               for new, old in zip(combine(*acc, *views), acc)]
+    return acc
+
+
+def _reduce_window_generic(*operands_and_inits, jaxpr, consts, **window):
+    k = len(operands_and_inits) // 2
+    body = jax.extend.core.jaxpr_as_fun(jax.extend.core.ClosedJaxpr(jaxpr, list(consts)))
+    return _reduce_window(operands_and_inits[:k], operands_and_inits[k:], body, **window)
+
+
+def _reduce_window_of(combine, identity):
+    def reduce_window(x, **window):
+        init = lax.full((), identity, x.dtype)
+        (out,) = _reduce_window([x], [init], lambda a, b: [combine(a, b)], **window)
+        return out
+
+    return reduce_window
+
+
+_register(P.reduce_window_p)(lower_fun(_reduce_window_generic, multiple_results=True))
+_register(P.reduce_window_max_p)(lower_fun(_reduce_window_of(lax.max, -np.inf)))
+_register(P.reduce_window_min_p)(lower_fun(_reduce_window_of(lax.min, np.inf)))
+
+
 # --- what stays unsupported --------------------------------------------------------
 
 
 @_register(P.argmax_p, P.argmin_p, P.cumlogsumexp_p, P.reduce_precision_p,
            P.scatter_mul_p, P.scatter_min_p, P.scatter_max_p, P.top_k_p,
-           P.reduce_window_max_p, P.reduce_window_min_p, P.reduce_window_p,
            P.eig_p, P.eigh_p, P.svd_p, P.fft_p, P.schur_p, P.hessenberg_p)
 def lower_unsupported(ctx, *operands, **params):
     raise UnsupportedDtypeError(

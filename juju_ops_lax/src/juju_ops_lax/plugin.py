@@ -15,6 +15,7 @@ from juju_ops_lax import (
     reduce_generic,
     reductions,
     rewrites,
+    rng_bit_generator,
     shape,
     sorting,
     special,
@@ -36,6 +37,7 @@ def juju_rules():
         linalg.rules,
         prng.rules,
         complex_numbers.rules,
+        rng_bit_generator.rules,
         reduce_generic.rules,
         control_flow.rules,
     ]

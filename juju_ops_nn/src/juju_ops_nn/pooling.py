@@ -78,20 +78,22 @@ def lower_reduce_window(ctx, *operands_and_inits, jaxpr, consts, window_dimensio
     operands, inits = operands_and_inits[:k], operands_and_inits[k:]
     in_shape = list(ctx.avals_in[0].shape)
     out_shape = list(ctx.avals_out[0].shape)
-    # Pad with zeros, then put the init values where padding/dilation put
-    # elements that are not the input's.
+    # XLA CPU skips the positions that padding or base dilation add: windows
+    # fold only the operand's own elements into the init values.
     fills = any(int(d) != 1 for d in base_dilation) or any(int(lo) or int(hi) for lo, hi in padding)
-    mask = ctx.constant(_real_positions(in_shape, base_dilation, padding), np.bool_) if fills else None
     views_per_operand = []
     for x, init in zip(operands, inits):
         x, shape = _prepare(ctx, x, in_shape, base_dilation, padding, 0)
-        if mask is not None:
-            x = ops.where(mask, x, ops.broadcast_to(init, shape))
         views_per_operand.append(
             [v for _, v in window_slices(x, shape, window_dimensions, window_strides,
                                          window_dilation, out_shape)]
         )
     size = int(np.prod(out_shape))
+    keeps = None
+    if fills:
+        real = ctx.constant(_real_positions(in_shape, base_dilation, padding), np.bool_)
+        keeps = [ops.reshape(v, [size]) for _, v in window_slices(
+            real, shape, window_dimensions, window_strides, window_dilation, out_shape)]
     dtypes = tuple(np.dtype(a.dtype) for a in ctx.avals_in[:k])
     body = _vectorized_body(jaxpr, tuple(consts), size, dtypes)
     flat = lambda v: ops.reshape(v, [size])  # noqa: E731
@@ -99,7 +101,8 @@ def lower_reduce_window(ctx, *operands_and_inits, jaxpr, consts, window_dimensio
     # monoid's identity counts once per output element).
     acc = [ops.broadcast_to(ops.reshape(init, [1]), [size]) for init in inits]
     for i in range(len(views_per_operand[0])):
-        acc = ctx.lower(body, *acc, *(flat(views[i]) for views in views_per_operand))
+        new = ctx.lower(body, *acc, *(flat(views[i]) for views in views_per_operand))
+        acc = new if keeps is None else [ops.where(keeps[i], n, a) for n, a in zip(new, acc)]
     return [ops.reshape(a, out_shape) for a in acc]
 
 
