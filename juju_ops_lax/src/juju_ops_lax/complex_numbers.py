@@ -21,7 +21,7 @@ from jax import lax
 from max.graph import ops
 
 from juju import RuleSet, lower_fun
-from juju._compat import is_complex_dtype, jax_impls, primitives as P, split_p
+from juju._compat import geqrf_p, is_complex_dtype, jax_impls, primitives as P, split_p
 from juju.dtypes import physical_aval
 from juju.errors import UnsupportedDtypeError
 from juju_ops_lax._util import lower_per_word
@@ -544,7 +544,8 @@ _register(P.reduce_window_min_p)(lower_fun(_reduce_window_of(lax.min, np.inf)))
 
 @_register(P.argmax_p, P.argmin_p, P.cumlogsumexp_p, P.reduce_precision_p,
            P.scatter_mul_p, P.scatter_min_p, P.scatter_max_p, P.top_k_p,
-           P.eig_p, P.eigh_p, P.svd_p, P.fft_p, P.schur_p, P.hessenberg_p)
+           P.eig_p, P.eigh_p, P.svd_p, P.schur_p, P.hessenberg_p,
+           geqrf_p, P.householder_product_p)
 def lower_unsupported(ctx, *operands, **params):
     raise UnsupportedDtypeError(
         f"{ctx.primitive.name} has no rule for complex numbers "

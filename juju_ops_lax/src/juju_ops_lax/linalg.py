@@ -39,7 +39,7 @@ def _matvec(m, v):
 
 def _cholesky(a, **params):
     if params.get("symmetrize_input", False):
-        a = (a + jnp.swapaxes(a, -1, -2)) / 2
+        a = (a + jnp.conj(jnp.swapaxes(a, -1, -2))) / 2  # Hermitian part
     n = a.shape[-1]
     if n == 0:
         return a
@@ -50,7 +50,7 @@ def _cholesky(a, **params):
     def column(j, low):
         row_j = lax.dynamic_index_in_dim(low, j, axis=a.ndim - 2, keepdims=False)
         col = lax.dynamic_index_in_dim(a, j, axis=a.ndim - 1, keepdims=False)
-        col = col - _matvec(low, row_j)
+        col = col - _matvec(low, jnp.conj(row_j))  # A = L L^H
         diag = jnp.sqrt(lax.dynamic_index_in_dim(col, j, axis=col.ndim - 1, keepdims=True))
         new = jnp.where(rows > j, col / diag, jnp.where(rows == j, diag, jnp.zeros_like(col)))
         return lax.dynamic_update_index_in_dim(low, new, j, axis=a.ndim - 1)
@@ -91,6 +91,8 @@ def _triangular_solve(a, b, *, left_side, lower, transpose_a, conjugate_a, unit_
     if unit_diagonal:
         tri = tri & ~_mask(n, lambda i, j: i == j)
     a = jnp.where(tri, a, jnp.zeros_like(a))
+    if conjugate_a:  # (complex only: jnp.conj of a real array is the array)
+        a = jnp.conj(a)
     if unit_diagonal:
         a = a + jnp.eye(n, dtype=a.dtype)
     m, m_lower = (jnp.swapaxes(a, -1, -2), not lower) if transpose_a else (a, lower)
