@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-from max.dtype import DType
 from max.graph import DeviceRef, TensorValue, ops
 
 from juju import dtypes

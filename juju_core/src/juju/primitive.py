@@ -16,7 +16,6 @@ import functools
 import inspect
 from typing import Callable, Iterable
 
-import jax
 import jax.numpy as jnp
 from jax.extend import source_info_util
 from jax.interpreters import ad

@@ -4,9 +4,9 @@ Inside a graph a complex array is its parts, float[..., 2] (real, imaginary;
 `juju.dtypes.physical_aval`). Structural primitives apply to each part.
 Arithmetic is written in JAX on the real parts (`on_parts`), traced and lowered
 through the real rules; where JAX's own lowering is a decomposition (sin, cos,
-integer_pow, logistic, reductions, cumulative ops) it is traced on the complex
-avals and re-enters these rules. Formulas follow XLA's complex expansions
-(xla/service/elemental_ir_emitter.cc) where they matter for accuracy.
+integer_pow, logistic) it is traced on the complex avals and re-enters these
+rules. Formulas follow XLA's complex expansions where they matter for accuracy
+(Smith's division, the branch formulas of sqrt, Kahan's inverse functions).
 """
 
 from __future__ import annotations
@@ -49,7 +49,11 @@ _PER_PART = [
     P.reduce_sum_p, P.cumsum_p, P.reduce_window_sum_p, P.add_p, P.sub_p, P.neg_p,
     P.add_jaxvals_p,
 ]
-_register(*_PER_PART)(functools.partial(lower_per_word, wide=is_complex_dtype))
+
+
+@_register(*_PER_PART)
+def lower_per_part(ctx, *operands, **params):
+    return lower_per_word(ctx, *operands, wide=is_complex_dtype, **params)
 
 
 # --- tracing functions of the parts ---------------------------------------------

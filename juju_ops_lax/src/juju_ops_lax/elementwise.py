@@ -214,6 +214,8 @@ def lower_pow(ctx, x, y):
     x_dtype, y_dtype = ctx.avals_in[0].dtype, ctx.avals_in[1].dtype
     if np.dtype(x_dtype) != np.dtype(y_dtype):
         y = ops.cast(y, ctx.max_dtype(x_dtype))
+    if x.dtype in (DType.float16, DType.bfloat16):  # as XLA: in float32, then rounded
+        return ops.cast(ops.pow(ops.cast(x, DType.float32), ops.cast(y, DType.float32)), x.dtype)
     return ops.pow(x, y)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from functools import partial
 
-import jax
 import numpy as np
 from max.dtype import DType
 from max.graph import ops
@@ -139,5 +138,6 @@ def _has_keys(ctx) -> bool:
     return any(is_key_dtype(a.dtype) for a in (*ctx.avals_in, *ctx.avals_out))
 
 
-for _prim in dict.fromkeys(_PER_WORD):
-    rules.register(_prim, priority=1, guard=_has_keys)(partial(lower_per_word, wide=is_key_dtype))
+@rules.register(*dict.fromkeys(_PER_WORD), priority=1, guard=_has_keys)
+def lower_per_key_word(ctx, *operands, **params):
+    return lower_per_word(ctx, *operands, wide=is_key_dtype, **params)

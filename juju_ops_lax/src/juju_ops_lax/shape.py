@@ -108,7 +108,6 @@ def lower_rev(ctx, x, *, dimensions):
 def lower_pad(ctx, x, padding_value, *, padding_config):
     """Interior padding by interleaving, then edges: negative ones slice."""
     shape = list(ctx.avals_in[0].shape)
-    dtype = ctx.avals_in[0].dtype
     out_shape = list(ctx.aval_out.shape)
     if math.prod(out_shape) == 0:
         return ops.broadcast_to(padding_value, out_shape)
