@@ -53,8 +53,9 @@ def test_rules_carry_provenance():
     registry = plugins.registry()
     (rule,) = registry.rules_for(juju_testpack.double_plus_one_p)
     assert (rule.pack, rule.pack_version) == ("testpack", "0.0.1")
-    (sin_rule,) = registry.rules_for(P.sin_p)
-    assert sin_rule.pack == "lax"
+    sin_rules = registry.rules_for(P.sin_p)  # real, and complex (guarded, priority 1)
+    assert [r.pack for r in sin_rules] == ["lax", "lax"]
+    assert [int(r.priority) for r in sin_rules] == [1, 0] and sin_rules[0].guard is not None
 
 
 def test_third_party_rule_is_used_by_jit():
@@ -87,7 +88,7 @@ def test_priority_and_guards_select_deterministically(clean_registry):
     plugins.register_pack(Guarded, "guarded")
     registry = plugins.registry()
     chosen = [r.pack for r in registry.rules_for(P.sin_p)]
-    assert chosen == ["guarded", "lax"]  # highest priority first
+    assert chosen == ["guarded", "lax", "lax"]  # highest priority first (lax: complex, real)
     juju.jit(jnp.sin).lower(np.ones(7, np.float32)).as_text()
     assert high_calls == [1]
     juju.jit(jnp.sin).lower(np.ones(3, np.float32)).as_text()
