@@ -64,6 +64,8 @@ CASES = {
         lax.reduce_window(x, np.complex64(0), lax.add, (2, 2), (1, 1), ((1, 0), (0, 1)))), (X,)),
     "fft": (lambda x: (jnp.fft.fft(x), jnp.fft.ifft2(x), jnp.fft.rfft(jnp.real(x)),
                        jnp.fft.irfft(x, 6)), (X,)),
+    "conv": (lambda x, r: lax.conv(x[None, None], (x[:2, :2] + r[:2, :2])[None, None],
+                                   (1, 1), "SAME"), (X, R)),
     "grad_through_complex": (jax.grad(lambda r: jnp.abs(jnp.exp(1j * r) * (r + 2j)).sum()), (R,)),
 }
 

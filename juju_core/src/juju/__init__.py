@@ -27,7 +27,7 @@ from juju.errors import (
 )
 from juju.hookspecs import hookimpl
 from juju.jit import Compiled, Lowered, compile_all, jit, make_max_graph, to_jax, to_numpy
-from juju.lowering_helpers import lower_fun
+from juju.lowering_helpers import lower_fun, on_parts
 from juju.plugins import KernelLibrary
 from juju.primitive import Primitive
 from juju.registry import Priority, Registry, Rule, RuleSet, direct
@@ -37,7 +37,7 @@ __version__ = "0.1.0"
 __all__ = [
     "jit", "make_max_graph", "compile_all", "to_numpy", "to_jax", "Lowered", "Compiled", "Primitive",
     "Engine", "cpu_engine", "gpu_engine", "LoweringContext", "Rule", "RuleSet",
-    "Registry", "Priority", "direct", "lower_fun", "hookimpl", "KernelLibrary",
+    "Registry", "Priority", "direct", "lower_fun", "on_parts", "hookimpl", "KernelLibrary",
     "JujuError", "MissingRuleError", "LoweringError", "RuleConflictError",
     "UnsupportedDtypeError", "EngineUnavailableError", "CompileError", "PackLoadError",
 ]

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
+from max.graph import ops
 
-from juju._compat import key_data_aval
+from juju._compat import is_complex_dtype, key_data_aval
+from juju.dtypes import physical_aval
 
 
 def lower_fun(fun, multiple_results: bool = False, *, extra_params=None):
@@ -76,3 +79,70 @@ def _trace_uncached(fun, avals, params):
     avals = [key_data_aval(a) for a in avals]
     structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
     return jax.make_jaxpr(lambda *xs: fun(*xs, **kwargs))(*structs)
+
+
+# --- complex numbers: rules written on the parts --------------------------------
+
+
+class C(NamedTuple):
+    """A complex array as JAX arrays of its parts, inside `on_parts` functions."""
+
+    re: jax.Array
+    im: jax.Array
+
+
+def on_parts(fn):
+    """A rule for equations on complex numbers, from `fn(*operands, **params)`
+    written in JAX on their real parts: complex operands arrive as `C(re, im)`,
+    real ones as arrays; `fn` returns, per output, a `C` (complex output) or an
+    array (real output), or a list of them. MAX has no complex dtype: juju
+    carries complex arrays as float[..., 2] (`juju.dtypes.physical_aval`).
+    `fn` is traced once per signature and lowered through the real rules."""
+
+    def lower_on_parts(ctx, *operands, **params):
+        kinds = tuple(is_complex_dtype(a.dtype) for a in ctx.avals_in)
+        parts = tuple((tuple(a.shape), physical_aval(a).dtype) for a in ctx.avals_in)
+        closed = _trace_parts(fn, kinds, parts, tuple(sorted(params.items())))
+        flat = []
+        for x, k in zip(operands, kinds):
+            flat += [x[..., 0], x[..., 1]] if k else [x]
+        outs = iter(ctx.lower(closed, *flat))
+        results = [
+            ops.stack([next(outs), next(outs)], axis=-1) if is_complex_dtype(a.dtype)
+            else next(outs)
+            for a in ctx.avals_out
+        ]
+        return results if ctx.primitive.multiple_results else results[0]
+
+    lower_on_parts.__qualname__ = f"on_parts({fn.__name__})"
+    return lower_on_parts
+
+
+def _trace_parts(fn, kinds, parts, params):
+    try:
+        return _trace_parts_cached(fn, kinds, parts, params)
+    except TypeError:  # unhashable params
+        return _trace_parts_uncached(fn, kinds, parts, params)
+
+
+@functools.lru_cache(maxsize=2048)
+def _trace_parts_cached(fn, kinds, parts, params):
+    return _trace_parts_uncached(fn, kinds, parts, params)
+
+
+def _trace_parts_uncached(fn, kinds, parts, params):
+    """fn's Jaxpr taking each complex operand as two inputs (its parts)."""
+
+    def flat_fn(*flat):
+        it = iter(flat)
+        args = [C(next(it), next(it)) if k else next(it) for k in kinds]
+        out = fn(*args, **dict(params))
+        res = []
+        for o in (out if isinstance(out, list) else [out]):
+            res += [o.re, o.im] if isinstance(o, C) else [o]
+        return res
+
+    structs = []
+    for (shape, dtype), k in zip(parts, kinds):
+        structs += [jax.ShapeDtypeStruct(shape, dtype)] * (2 if k else 1)
+    return jax.make_jaxpr(flat_fn)(*structs)

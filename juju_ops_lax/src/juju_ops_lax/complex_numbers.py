@@ -11,18 +11,16 @@ rules. Formulas follow XLA's complex expansions where they matter for accuracy
 
 from __future__ import annotations
 
-import functools
 import itertools
-from typing import NamedTuple
 
 import jax
 import numpy as np
 from jax import lax
 from max.graph import ops
 
-from juju import RuleSet, lower_fun
+from juju import RuleSet, lower_fun, on_parts
 from juju._compat import geqrf_p, is_complex_dtype, jax_impls, primitives as P, split_p
-from juju.dtypes import physical_aval
+from juju.lowering_helpers import C
 from juju.errors import UnsupportedDtypeError
 from juju_ops_lax._util import lower_per_word
 
@@ -54,70 +52,6 @@ _PER_PART = [
 @_register(*_PER_PART)
 def lower_per_part(ctx, *operands, **params):
     return lower_per_word(ctx, *operands, wide=is_complex_dtype, **params)
-
-
-# --- tracing functions of the parts ---------------------------------------------
-
-
-class C(NamedTuple):
-    """A complex array as JAX arrays of its parts, inside `on_parts` functions."""
-
-    re: jax.Array
-    im: jax.Array
-
-
-def on_parts(fn):
-    """A rule from `fn(*operands, **params)` written on the parts: complex
-    operands arrive as `C`, real ones as arrays; `fn` returns, per output, a
-    `C` (complex output) or an array (real output)."""
-
-    def lower_on_parts(ctx, *operands, **params):
-        kinds = tuple(is_complex_dtype(a.dtype) for a in ctx.avals_in)
-        parts = tuple((tuple(a.shape), physical_aval(a).dtype) for a in ctx.avals_in)
-        closed = _trace(fn, kinds, parts, tuple(sorted(params.items())))
-        flat = []
-        for x, k in zip(operands, kinds):
-            flat += [x[..., 0], x[..., 1]] if k else [x]
-        outs = iter(ctx.lower(closed, *flat))
-        results = [
-            ops.stack([next(outs), next(outs)], axis=-1) if is_complex_dtype(a.dtype)
-            else next(outs)
-            for a in ctx.avals_out
-        ]
-        return results if ctx.primitive.multiple_results else results[0]
-
-    lower_on_parts.__qualname__ = f"on_parts({fn.__name__})"
-    return lower_on_parts
-
-
-def _trace(fn, kinds, parts, params):
-    try:
-        return _trace_cached(fn, kinds, parts, params)
-    except TypeError:  # unhashable params
-        return _trace_uncached(fn, kinds, parts, params)
-
-
-@functools.lru_cache(maxsize=2048)
-def _trace_cached(fn, kinds, parts, params):
-    return _trace_uncached(fn, kinds, parts, params)
-
-
-def _trace_uncached(fn, kinds, parts, params):
-    """fn's Jaxpr taking each complex operand as two inputs (its parts)."""
-
-    def flat_fn(*flat):
-        it = iter(flat)
-        args = [C(next(it), next(it)) if k else next(it) for k in kinds]
-        out = fn(*args, **dict(params))
-        res = []
-        for o in (out if isinstance(out, list) else [out]):
-            res += [o.re, o.im] if isinstance(o, C) else [o]
-        return res
-
-    structs = []
-    for (shape, dtype), k in zip(parts, kinds):
-        structs += [jax.ShapeDtypeStruct(shape, dtype)] * (2 if k else 1)
-    return jax.make_jaxpr(flat_fn)(*structs)
 
 
 # --- arithmetic on the parts ------------------------------------------------------

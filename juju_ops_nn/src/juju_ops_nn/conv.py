@@ -13,7 +13,8 @@ padding and feature groups. Everything else is brought into that form:
   group on contiguous batch slices, concatenated along the output features;
 - preferred_element_type: the operands are cast to the result type first;
 - integer convolutions: computed in float64 (exact below 2**53), then wrapped
-  to the integer result type.
+  to the integer result type;
+- complex convolutions: four real convolutions of the parts (`juju.on_parts`).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import numpy as np
 from max.dtype import DType
 from max.graph import ops
 
-from juju import RuleSet
-from juju._compat import primitives as P
+from juju import RuleSet, on_parts
+from juju._compat import is_complex_dtype, primitives as P
+from juju.lowering_helpers import C
 from juju_ops_nn._layout import dilate, pad_or_crop
 
 rules = RuleSet()
@@ -198,3 +200,28 @@ def _few_outputs_conv(lhs, rhs, strides, dilation, pads):
                      ops.reshape(rhs, [k, o]))
     out = ops.permute(ops.reshape(out, [positions, n, o]), [1, 0, 2])
     return ops.reshape(out, [n, *out_spatial, o])
+
+
+def _complex_conv(lhs, rhs, **params):
+    """A convolution is bilinear: four real convolutions of the parts."""
+    from jax import lax
+
+    if params["preferred_element_type"] is not None:
+        params["preferred_element_type"] = np.finfo(params["preferred_element_type"]).dtype
+
+    def conv(a, b):
+        return lax.conv_general_dilated_p.bind(a, b, **params)
+
+    if not isinstance(lhs, C):
+        return C(conv(lhs, rhs.re), conv(lhs, rhs.im))
+    if not isinstance(rhs, C):
+        return C(conv(lhs.re, rhs), conv(lhs.im, rhs))
+    return C(conv(lhs.re, rhs.re) - conv(lhs.im, rhs.im),
+             conv(lhs.re, rhs.im) + conv(lhs.im, rhs.re))
+
+
+def _has_complex(ctx) -> bool:
+    return any(is_complex_dtype(a.dtype) for a in (*ctx.avals_in, *ctx.avals_out))
+
+
+rules.register(P.conv_general_dilated_p, priority=1, guard=_has_complex)(on_parts(_complex_conv))
