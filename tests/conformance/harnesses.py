@@ -68,8 +68,8 @@ def sample(per_group: int, groups=None) -> list[str]:
     chosen = []
     for group in sorted(by_group):
         names = sorted(by_group[group], key=_stable_key)
-        # Complex numbers are a documented gap (MAX has none): sample them only
-        # in groups that have nothing else.
+        # Real dtypes first: a group's most common use (complex numbers have
+        # their own test file, tests/test_complex.py).
         real = [n for n in names if not dtype_name(harnesses[n]).startswith("complex")]
         chosen += (real or names)[:per_group]
     return chosen
