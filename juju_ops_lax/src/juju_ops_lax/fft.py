@@ -9,8 +9,9 @@ signals. Complex arithmetic goes through juju_ops_lax.complex_numbers.
 
 from __future__ import annotations
 
-import numpy as np
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from juju import RuleSet, lower_fun
@@ -57,6 +58,27 @@ def _irfft_last(x, n: int):
 
 
 def _fft(x, *, fft_type, fft_lengths):
+    out_dtype = x.dtype
+    if jax.config.jax_enable_x64 and x.dtype in (jnp.float32, jnp.complex64):
+        # A float32 sum of n terms is off by ~sqrt(n) eps of the largest
+        # terms, too much for the small outputs of a multi-axis transform
+        # (XLA's FFT sums in log n stages); float64 when it exists.
+        x = x.astype(jnp.float64 if x.dtype == jnp.float32 else jnp.complex128)
+    return _fft_in(x, fft_type, fft_lengths).astype(_result_dtype(out_dtype, fft_type))
+
+
+def _result_dtype(dtype, fft_type):
+    complex_of = {jnp.dtype(jnp.float32): jnp.complex64, jnp.dtype(jnp.float64): jnp.complex128}
+    real_of = {jnp.dtype(jnp.complex64): jnp.float32, jnp.dtype(jnp.complex128): jnp.float64}
+    kind = lax.FftType(int(fft_type))
+    if kind == lax.FftType.RFFT:
+        return complex_of[jnp.dtype(dtype)]
+    if kind == lax.FftType.IRFFT:
+        return real_of[jnp.dtype(dtype)]
+    return dtype
+
+
+def _fft_in(x, fft_type, fft_lengths):
     kind = lax.FftType(int(fft_type))
     axes = list(range(x.ndim - len(fft_lengths), x.ndim))
     if kind == lax.FftType.RFFT:
