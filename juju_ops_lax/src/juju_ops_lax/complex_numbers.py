@@ -281,7 +281,7 @@ def make_complex(x, y):
     return C(*jax.numpy.broadcast_arrays(x, y))  # JAX's own lowerings pass scalar zeros
 
 
-def conj(x, *, input_dtype=None):
+def conj(x, *, input_dtype=None, _input_dtype=None):  # (for JAX's transpose rule)
     if isinstance(x, C):
         return C(x.re, -x.im)
     return C(x, jax.numpy.zeros_like(x))
@@ -356,9 +356,12 @@ def dot_general(lhs, rhs, *, dimension_numbers, precision, preferred_element_typ
         return lax.dot_general(a, b, dimension_numbers, precision=precision,
                                preferred_element_type=part)
 
+    # A real operand takes the complex one's precision, as JAX types the result.
     if not isinstance(lhs, C):
+        lhs = lhs.astype(rhs.re.dtype)
         return C(dot(lhs, rhs.re), dot(lhs, rhs.im))
     if not isinstance(rhs, C):
+        rhs = rhs.astype(lhs.re.dtype)
         return C(dot(lhs.re, rhs), dot(lhs.im, rhs))
     return C(dot(lhs.re, rhs.re) - dot(lhs.im, rhs.im), dot(lhs.re, rhs.im) + dot(lhs.im, rhs.re))
 
@@ -485,7 +488,10 @@ _register(P.reduce_window_min_p)(lower_fun(_reduce_window_of(lax.min, np.inf)))
            P.eig_p, P.eigh_p, P.svd_p, P.schur_p, P.hessenberg_p,
            geqrf_p, P.householder_product_p)
 def lower_unsupported(ctx, *operands, **params):
+    def dtypes(avals):
+        return ", ".join(str(a.dtype) for a in avals)
+
     raise UnsupportedDtypeError(
-        f"{ctx.primitive.name} has no rule for complex numbers "
-        f"({', '.join(str(a.dtype) for a in ctx.avals_in)}); run it with jax.jit"
+        f"{ctx.primitive.name} has no rule for complex numbers (operands "
+        f"{dtypes(ctx.avals_in)}; results {dtypes(ctx.avals_out)}); run it with jax.jit"
     )
