@@ -485,7 +485,6 @@ _register(P.reduce_window_min_p)(lower_fun(_reduce_window_of(lax.min, np.inf)))
 
 @_register(P.argmax_p, P.argmin_p, P.cumlogsumexp_p, P.reduce_precision_p,
            P.scatter_mul_p, P.scatter_min_p, P.scatter_max_p, P.top_k_p,
-           P.eig_p, P.eigh_p, P.svd_p, P.schur_p, P.hessenberg_p,
            geqrf_p, P.householder_product_p)
 def lower_unsupported(ctx, *operands, **params):
     def dtypes(avals):
