@@ -317,6 +317,7 @@ def main(argv=None) -> int:
                    help="record the sample's failures in tests/conformance/known_gaps.json")
     p.add_argument("--match", help="only harnesses whose name contains this")
     p.add_argument("--exclude", help="skip harnesses whose name contains this")
+    p.add_argument("--names", help="a JSON file listing the harnesses to run")
     p.add_argument("--merge", action="store_true",
                    help="add to the results already in --results (a full run in parts)")
     p.add_argument("--list", action="store_true",
@@ -339,7 +340,10 @@ def main(argv=None) -> int:
         names = [n for n in names if args.match in n]
     if args.exclude:
         names = [n for n in names if args.exclude not in n]
-    full = not (args.sample or args.groups or args.match or args.exclude)
+    if args.names:
+        wanted = set(json.loads(Path(args.names).read_text()))
+        names = [n for n in names if n in wanted]
+    full = not (args.sample or args.groups or args.match or args.exclude or args.names)
     if args.list:
         print(json.dumps(names))
         return 0
