@@ -11,7 +11,8 @@ padding and feature groups. Everything else is brought into that form:
 - negative padding (from gradients): a crop;
 - batch_group_count (filter gradients of grouped convs): one convolution per
   group on contiguous batch slices, concatenated along the output features;
-- preferred_element_type: the operands are cast to the result type first;
+- preferred_element_type: the operands are cast to the result type first
+  (float32 for float16/bfloat16 results, rounded at the end, as XLA);
 - integer convolutions: computed in float64 (exact below 2**53), then wrapped
   to the integer result type;
 - complex convolutions: four real convolutions of the parts (`juju.on_parts`).
@@ -71,10 +72,13 @@ def lower_conv_general_dilated(ctx, lhs, rhs, *, window_strides, padding, lhs_di
             f"conv_general_dilated: {nd} spatial dimensions (dimension_numbers="
             f"{dimension_numbers}); MAX convolves 1-, 2- and 3-D"
         )
-    if np.dtype(lhs_aval.dtype) != out_dtype:
-        lhs = ops.cast(lhs, ctx.max_dtype(out_dtype))
-    if np.dtype(rhs_aval.dtype) != out_dtype:
-        rhs = ops.cast(rhs, ctx.max_dtype(out_dtype))
+    # Half-precision convolutions accumulate in float32 and round once, as
+    # XLA's CPU backend does (MAX's own would sum in the half type).
+    compute = np.dtype(np.float32) if out_dtype.itemsize == 2 else out_dtype
+    if np.dtype(lhs_aval.dtype) != compute:
+        lhs = ops.cast(lhs, ctx.max_dtype(compute))
+    if np.dtype(rhs_aval.dtype) != compute:
+        rhs = ops.cast(rhs, ctx.max_dtype(compute))
 
     # Channels last: lhs (N, *S, C), rhs (*S, I, O).
     lhs_order = [lhs_spec[0], *lhs_spec[2:], lhs_spec[1]]
@@ -129,7 +133,8 @@ def lower_conv_general_dilated(ctx, lhs, rhs, *, window_strides, padding, lhs_di
     perm[out_spec[1]] = nd + 1
     for i, d in enumerate(out_spec[2:]):
         perm[d] = 1 + i
-    return _permute(out, perm)
+    out = _permute(out, perm)
+    return out if compute == out_dtype else ops.cast(out, ctx.max_dtype(out_dtype))
 
 
 def _magnitude(dtype) -> int:
