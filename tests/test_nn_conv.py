@@ -59,7 +59,8 @@ CASES = [
          (rand(1, 6, 6, 2), rand(3, 3, 2, 3)), rtol=1e-2, atol=1e-2),
     # bfloat16 results: summed in float32 and rounded once, as XLA (summing 60
     # terms in bfloat16 was 3% off)
-    Case("bf16_sums_in_f32", lambda x, w: conv(NCHW)(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)),
+    Case("bf16_sums_in_f32", lambda x, w: conv(NCHW)(
+        x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)).astype(jnp.float32),
          (rand(2, 3, 9, 10), rand(3, 3, 4, 5)), rtol=1e-2, atol=1e-2),
     # integer convolutions: exact in float64, wrapped like XLA's integers
     Case("int8_to_int32", conv(NCHW, padding="SAME", pet=jnp.int32),
