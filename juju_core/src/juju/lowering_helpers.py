@@ -84,6 +84,11 @@ def _trace_uncached(fun, avals, params):
 # --- complex numbers: rules written on the parts --------------------------------
 
 
+def has_complex(ctx) -> bool:
+    """Guard for complex rules: an operand or result of the equation is complex."""
+    return any(is_complex_dtype(a.dtype) for a in (*ctx.avals_in, *ctx.avals_out))
+
+
 class C(NamedTuple):
     """A complex array as JAX arrays of its parts, inside `on_parts` functions."""
 

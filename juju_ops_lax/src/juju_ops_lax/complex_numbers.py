@@ -20,7 +20,7 @@ from max.graph import ops
 
 from juju import RuleSet, lower_fun, on_parts
 from juju._compat import geqrf_p, is_complex_dtype, jax_impls, primitives as P, split_p
-from juju.lowering_helpers import C
+from juju.lowering_helpers import C, has_complex
 from juju.errors import UnsupportedDtypeError
 from juju_ops_lax._util import lower_per_word
 
@@ -28,10 +28,6 @@ rules = RuleSet()
 
 # Complex rules outrank the real ones for equations that touch complex values.
 _PRIORITY = 1
-
-
-def has_complex(ctx) -> bool:
-    return any(is_complex_dtype(a.dtype) for a in (*ctx.avals_in, *ctx.avals_out))
 
 
 def _register(*prims):

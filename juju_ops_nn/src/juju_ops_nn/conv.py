@@ -29,8 +29,8 @@ from max.dtype import DType
 from max.graph import ops
 
 from juju import RuleSet, on_parts
-from juju._compat import is_complex_dtype, primitives as P
-from juju.lowering_helpers import C
+from juju._compat import primitives as P
+from juju.lowering_helpers import C, has_complex
 from juju_ops_nn._layout import dilate, pad_or_crop
 
 rules = RuleSet()
@@ -225,8 +225,4 @@ def _complex_conv(lhs, rhs, **params):
              conv(lhs.re, rhs.im) + conv(lhs.im, rhs.re))
 
 
-def _has_complex(ctx) -> bool:
-    return any(is_complex_dtype(a.dtype) for a in (*ctx.avals_in, *ctx.avals_out))
-
-
-rules.register(P.conv_general_dilated_p, priority=1, guard=_has_complex)(on_parts(_complex_conv))
+rules.register(P.conv_general_dilated_p, priority=1, guard=has_complex)(on_parts(_complex_conv))
