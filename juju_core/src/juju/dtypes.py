@@ -8,7 +8,7 @@ import numpy as np
 import ml_dtypes
 from max.dtype import DType
 
-from juju._compat import is_complex_dtype, physical_aval as _physical_aval
+from juju._compat import physical_aval as _physical_aval
 from juju.errors import UnsupportedDtypeError
 
 _NUMPY_TO_MAX = {
@@ -73,10 +73,6 @@ def physical_aval(aval):
     raw key data (uint32[..., 2] for threefry), as XLA carries keys; for a
     complex array its parts, float[..., 2] (real, imaginary)."""
     return _physical_aval(aval)
-
-
-def is_complex(dtype) -> bool:
-    return is_complex_dtype(dtype)
 
 
 def complex_parts(array: np.ndarray) -> np.ndarray:
