@@ -277,8 +277,9 @@ def to_numpy(value) -> np.ndarray:
 
 
 def to_jax(buffer):
-    """A jax array of a MAX buffer: zero-copy where DLPack can carry the dtype."""
-    if numpy_dtype(buffer.dtype).kind == "V":
+    """A jax array of a MAX buffer: zero-copy where DLPack can carry the dtype
+    and the buffer is in host memory (juju's jax runs on the CPU)."""
+    if numpy_dtype(buffer.dtype).kind == "V" or not buffer.device.is_host:
         return jax.numpy.asarray(to_numpy(buffer))
     return jax.numpy.from_dlpack(buffer)
 

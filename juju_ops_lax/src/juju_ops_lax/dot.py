@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
+from max.dtype import DType
 from max.graph import ops
 
 from juju import RuleSet
@@ -32,18 +34,63 @@ def _to_batched_matrix(x, shape, batch, contract, *, contract_last):
 @rules.register(P.dot_general_p)
 def lower_dot_general(ctx, lhs, rhs, *, dimension_numbers, precision,
                       preferred_element_type, out_sharding):
-    # `precision` selects XLA's TPU/GPU matmul passes; on MAX fp32 is computed
-    # in fp32 regardless, which is at least as precise.
     (lc, rc), (lb, rb) = dimension_numbers
     lhs_aval, rhs_aval = ctx.avals_in
     out_dtype = ctx.aval_out.dtype
     compute = ctx.max_dtype(out_dtype)
-    if np.dtype(lhs_aval.dtype) != np.dtype(out_dtype):
+    on_gpu = not ctx.device.is_cpu()
+    if on_gpu and compute == DType.bfloat16:
+        # MAX 26.7's GPU bf16 x bf16 -> bf16 matmul returns wrong rows (seen on
+        # an H100, 64x128 @ 128x32). bf16 values are exact in fp32 (and TF32),
+        # so an fp32 product rounded once is what XLA computes.
+        compute = DType.float32
+    if np.dtype(lhs_aval.dtype) != np.dtype(out_dtype) or compute != lhs.dtype:
         lhs = ops.cast(lhs, compute)
-    if np.dtype(rhs_aval.dtype) != np.dtype(out_dtype):
+    if np.dtype(rhs_aval.dtype) != np.dtype(out_dtype) or compute != rhs.dtype:
         rhs = ops.cast(rhs, compute)
     a, lhs_free = _to_batched_matrix(lhs, lhs_aval.shape, lb, lc, contract_last=True)
     b, rhs_free = _to_batched_matrix(rhs, rhs_aval.shape, rb, rc, contract_last=False)
-    product = ops.matmul(a, b)
+    if on_gpu and compute == DType.float32 and _wants_fp32(precision):
+        product = _matmul_3xtf32(a, b)
+    else:
+        # CPU: fp32 throughout. GPU: MAX uses TF32 tensor cores, as XLA does
+        # for jax's DEFAULT and HIGH precisions on GPU.
+        product = ops.matmul(a, b)
+    if product.dtype != ctx.max_dtype(out_dtype):
+        product = ops.cast(product, ctx.max_dtype(out_dtype))
     batch_dims = [lhs_aval.shape[d] for d in lb]
     return ops.reshape(product, max_shape(batch_dims + lhs_free + rhs_free))
+
+
+_FP32_PRESETS = ("F32_F32_F32", "TF32_TF32_F32_X3", "BF16_BF16_F32_X6", "BF16_BF16_F32_X9")
+
+
+def _wants_fp32(precision) -> bool:
+    """Whether `precision` (None, a pair of lax.Precision, or a dot algorithm
+    preset) asks for full fp32 products: HIGHEST or an fp32-accurate preset."""
+    if precision is None:
+        return False
+    if isinstance(precision, tuple):
+        return any(getattr(p, "name", None) == "HIGHEST" for p in precision)
+    return getattr(precision, "name", str(precision)) in _FP32_PRESETS
+
+
+def _matmul_3xtf32(a, b):
+    """An fp32-accurate product from TF32 matmuls: each operand is split into
+    a high part of 11 significant bits (exact in TF32, by Veltkamp's split)
+    and the exact remainder; hi*hi + hi*lo + lo*hi drops only lo*lo (~2^-24)."""
+    a_hi, a_lo = _split_tf32(a)
+    b_hi, b_lo = _split_tf32(b)
+    cross = ops.matmul(a_hi, b_lo) + ops.matmul(a_lo, b_hi)
+    return ops.matmul(a_hi, b_hi) + cross
+
+
+def _split_tf32(x):
+    # Veltkamp: c = x * (2^13 + 1), hi = c - (c - x). The select keeps the GPU
+    # compiler from contracting x * 8193 - x into one FMA, which gives a hi
+    # that is not TF32-exact (seen on an H100: HIGHEST came out as TF32); it
+    # also leaves huge |x| whole (hi = x) instead of overflowing c.
+    f32 = functools.partial(ops.constant, dtype=DType.float32, device=x.device)
+    scaled = ops.where(ops.abs(x) < f32(2.0 ** 100), x * f32(8193.0), f32(0.0))
+    hi = scaled - (scaled - x)
+    return hi, x - hi
