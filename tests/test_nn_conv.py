@@ -62,6 +62,9 @@ CASES = [
     Case("bf16_sums_in_f32", lambda x, w: conv(NCHW)(
         x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)).astype(jnp.float32),
          (rand(2, 3, 9, 10), rand(3, 3, 4, 5)), rtol=1e-2, atol=1e-2),
+    # a filter taller than the input: an empty result, as XLA (MAX's ConvOp
+    # rejected it)
+    Case("filter_larger_than_input", conv(NCHW), (rand(2, 3, 9, 10), rand(3, 3, 10, 5))),
     # integer convolutions: exact in float64, wrapped like XLA's integers
     Case("int8_to_int32", conv(NCHW, padding="SAME", pet=jnp.int32),
          (_ints(2, 3, 6, 6), _ints(4, 3, 3, 3)), rtol=0, atol=0),

@@ -144,9 +144,8 @@ GROUP_NOTES = {
            "unique only up to a complex scale.",
     "eigh": "no rule: eigenvectors are unique only up to sign; matching LAPACK's syevd "
             "needs its exact iteration (a Jacobi solver would differ in signs).",
-    "qr": "Householder QR (LAPACK geqrf/orgqr conventions) passes on real dtypes; "
-          "complex Householder reflectors (zgeqrf's conventions) are not implemented: "
-          "UnsupportedDtypeError.",
+    "qr": "Householder QR with LAPACK's conventions: geqrf/orgqr, and for complex "
+          "matrices zgeqrf/zungqr's (real beta, complex tau).",
     "approx_top_k": "values match; XLA's CPU approx_top_k orders ties unstably, juju "
                     "stably (lower index first).",
     "cumsum": "float16/bfloat16: XLA's CPU cumsum (a reduce_window) rounds to the half "
@@ -171,8 +170,11 @@ GROUP_NOTES = {
                             "preferred complex128: XLA's CPU result is neither the "
                             "complex64 nor the complex128 convolution (1.5e-6 from the "
                             "exact one), juju's is the complex128 one. A filter "
-                            "larger than the (dilated) input (the rhs_oob harnesses, "
-                            "empty results) fails in MAX's ConvOp builder: open.",
+                            "larger than the (dilated) input (the rhs_oob harnesses) "
+                            "gives an empty result, built by juju: MAX's ConvOp "
+                            "rejects such a filter. Integer convolutions are exact in "
+                            "float64 up to 2^53; int32/int64 operands could exceed "
+                            "that: unsupported.",
     "dot_general": "bool x bool dot_general: MAX's compiler rejects the graph "
                    "(CompileError): open.",
     "pow": "float16/bfloat16 pow was computed in the half type (XLA: float32, then "

@@ -19,7 +19,7 @@ from jax import lax
 from max.graph import ops
 
 from juju import RuleSet, lower_fun, on_parts
-from juju._compat import geqrf_p, is_complex_dtype, jax_impls, primitives as P, split_p
+from juju._compat import is_complex_dtype, jax_impls, primitives as P, split_p
 from juju.lowering_helpers import C, has_complex
 from juju.errors import UnsupportedDtypeError
 from juju_ops_lax._util import lower_per_word
@@ -480,8 +480,7 @@ _register(P.reduce_window_min_p)(lower_fun(_reduce_window_of(lax.min, np.inf)))
 
 
 @_register(P.argmax_p, P.argmin_p, P.cumlogsumexp_p, P.reduce_precision_p,
-           P.scatter_mul_p, P.scatter_min_p, P.scatter_max_p, P.top_k_p,
-           geqrf_p, P.householder_product_p)
+           P.scatter_mul_p, P.scatter_min_p, P.scatter_max_p, P.top_k_p)
 def lower_unsupported(ctx, *operands, **params):
     def dtypes(avals):
         return ", ".join(str(a.dtype) for a in avals)

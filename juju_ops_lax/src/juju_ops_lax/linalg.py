@@ -118,7 +118,8 @@ rules.register(P.triangular_solve_p)(lower_fun(_triangular_solve))
 
 def _geqrf_one(a):
     """LAPACK geqr2 on one (m, n) matrix: R above the diagonal, reflectors
-    below it, and their scales tau (H_j = I - tau_j v_j v_j^T, v_j[j] = 1)."""
+    below it, and their scales tau (H_j = I - tau_j v_j v_j^H, v_j[j] = 1).
+    Complex matrices follow zlarfg: beta is real, tau complex."""
     m, n = a.shape
     k = min(m, n)
     rows = lax.broadcasted_iota(jnp.int32, (m,), 0)
@@ -129,16 +130,18 @@ def _geqrf_one(a):
         col = lax.dynamic_index_in_dim(a, j, axis=1, keepdims=False)
         alpha = lax.dynamic_index_in_dim(col, j, keepdims=False)
         below = jnp.where(rows > j, col, jnp.zeros_like(col))
-        xnorm = jnp.sqrt(jnp.sum(below * below))
-        norm = jnp.sqrt(alpha * alpha + xnorm * xnorm)
-        beta = jnp.where(alpha >= 0, -norm, norm)  # dlarfg: -sign(alpha) * norm
-        identity = xnorm == 0  # H = I, column left as is
+        xnorm_sq = jnp.sum(_abs_sq(below))
+        norm = jnp.sqrt(_abs_sq(alpha) + xnorm_sq)
+        beta = jnp.where(jnp.real(alpha) >= 0, -norm, norm).astype(a.dtype)  # -sign(Re a) |.|
+        identity = xnorm_sq == 0  # H = I, column left as is
+        if jnp.iscomplexobj(a):
+            identity = identity & (jnp.imag(alpha) == 0)
         safe_beta = jnp.where(identity, jnp.ones_like(beta), beta)
         tau = jnp.where(identity, jnp.zeros_like(beta), (beta - alpha) / safe_beta)
         scale = jnp.where(identity, jnp.zeros_like(beta), 1 / jnp.where(identity, 1, alpha - beta))
         v = jnp.where(rows > j, col * scale, jnp.where(rows == j, 1, 0).astype(a.dtype))
-        w = v @ a  # (n,)
-        updated = a - tau * v[:, None] * w[None, :]
+        w = jnp.conj(v) @ a  # (n,): v^H a
+        updated = a - jnp.conj(tau) * v[:, None] * w[None, :]  # H^H a
         a = jnp.where((cols > j)[None, :], updated, a)
         new_col = jnp.where(rows == j, beta, jnp.where(rows > j, v, col))
         new_col = jnp.where(identity, col, new_col)
@@ -154,8 +157,13 @@ def _geqrf_one(a):
     return lax.fori_loop(0, k, step, (a, taus))
 
 
+def _abs_sq(x):
+    """|x|^2 in x's real dtype."""
+    return jnp.real(x) ** 2 + jnp.imag(x) ** 2 if jnp.iscomplexobj(x) else x * x
+
+
 def _householder_product_one(a, taus):
-    """LAPACK orgqr: the first n columns of H_0 H_1 ... H_{k-1}."""
+    """LAPACK orgqr/ungqr: the first n columns of H_0 H_1 ... H_{k-1}."""
     m, n = a.shape
     (k,) = taus.shape
     rows = lax.broadcasted_iota(jnp.int32, (m,), 0)
@@ -166,7 +174,7 @@ def _householder_product_one(a, taus):
         col = lax.dynamic_index_in_dim(a, j, axis=1, keepdims=False)
         tau = lax.dynamic_index_in_dim(taus, j, keepdims=False)
         v = jnp.where(rows > j, col, jnp.where(rows == j, 1, 0).astype(a.dtype))
-        return q - tau * v[:, None] * (v @ q)[None, :]
+        return q - tau * v[:, None] * (jnp.conj(v) @ q)[None, :]
 
     if k == 0:
         return q

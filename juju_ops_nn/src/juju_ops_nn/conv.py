@@ -46,6 +46,10 @@ def lower_conv_general_dilated(ctx, lhs, rhs, *, window_strides, padding, lhs_di
     lhs_aval, rhs_aval = ctx.avals_in
     out_dtype = np.dtype(ctx.aval_out.dtype)
     lhs_spec, rhs_spec, out_spec = dimension_numbers
+    if 0 in ctx.aval_out.shape:
+        # A window larger than the padded input leaves no output positions;
+        # MAX's ConvOp rejects such a filter instead of returning nothing.
+        return ops.broadcast_to(ctx.constant(0, out_dtype), list(ctx.aval_out.shape))
     if not (np.issubdtype(out_dtype, np.floating) or out_dtype.kind == "V"):
         # MAX convolves floats only. Integer sums are exact in float64 while
         # they stay under 2**53; the result then wraps to the output type as
