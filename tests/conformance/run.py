@@ -175,8 +175,6 @@ GROUP_NOTES = {
                             "rejects such a filter. Integer convolutions are exact in "
                             "float64 up to 2^53; int32/int64 operands could exceed "
                             "that: unsupported.",
-    "dot_general": "bool x bool dot_general: MAX's compiler rejects the graph "
-                   "(CompileError): open.",
     "pow": "float16/bfloat16 pow was computed in the half type (XLA: float32, then "
            "rounded); fixed after this run, verified on those harnesses.",
 }

@@ -39,7 +39,11 @@ def lower_dot_general(ctx, lhs, rhs, *, dimension_numbers, precision,
     out_dtype = ctx.aval_out.dtype
     compute = ctx.max_dtype(out_dtype)
     on_gpu = not ctx.device.is_cpu()
-    if on_gpu and compute == DType.bfloat16:
+    if compute == DType.bool:
+        # MAX cannot compile a bool matmul; XLA's is OR of ANDs: count the
+        # true products in float32 (exact below 2^24 terms) and test for any.
+        compute = DType.float32
+    elif on_gpu and compute == DType.bfloat16:
         # MAX 26.7's GPU bf16 x bf16 -> bf16 matmul returns wrong rows (seen on
         # an H100, 64x128 @ 128x32). bf16 values are exact in fp32 (and TF32),
         # so an fp32 product rounded once is what XLA computes.
@@ -56,7 +60,9 @@ def lower_dot_general(ctx, lhs, rhs, *, dimension_numbers, precision,
         # CPU: fp32 throughout. GPU: MAX uses TF32 tensor cores, as XLA does
         # for jax's DEFAULT and HIGH precisions on GPU.
         product = ops.matmul(a, b)
-    if product.dtype != ctx.max_dtype(out_dtype):
+    if ctx.max_dtype(out_dtype) == DType.bool:
+        product = ops.not_equal(product, ops.constant(0.0, DType.float32, device=product.device))
+    elif product.dtype != ctx.max_dtype(out_dtype):
         product = ops.cast(product, ctx.max_dtype(out_dtype))
     batch_dims = [lhs_aval.shape[d] for d in lb]
     return ops.reshape(product, max_shape(batch_dims + lhs_free + rhs_free))
