@@ -92,10 +92,11 @@ def _matmul_3xtf32(a, b):
 
 
 def _split_tf32(x):
-    # Veltkamp: c = x * (2^13 + 1), hi = c - (c - x). The select keeps the GPU
-    # compiler from contracting x * 8193 - x into one FMA, which gives a hi
-    # that is not TF32-exact (seen on an H100: HIGHEST came out as TF32); it
-    # also leaves huge |x| whole (hi = x) instead of overflowing c.
+    # Veltkamp: c = x * (2^13 + 1), hi = c - (c - x). The select is there to
+    # keep a GPU compiler from contracting x * 8193 - x into one FMA, which
+    # would make hi not TF32-exact (the form without it gave TF32 accuracy on
+    # an H100; the form with it has not run on a GPU yet). It also leaves huge
+    # |x| whole (hi = x) instead of overflowing c.
     f32 = functools.partial(ops.constant, dtype=DType.float32, device=x.device)
     scaled = ops.where(ops.abs(x) < f32(2.0 ** 100), x * f32(8193.0), f32(0.0))
     hi = scaled - (scaled - x)
