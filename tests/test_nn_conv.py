@@ -29,8 +29,9 @@ def conv(dn, strides=None, padding="VALID", lhs_dilation=None, rhs_dilation=None
     return f
 
 
-def _ints(*shape):
-    return np.random.default_rng(sum(shape)).integers(-128, 128, shape).astype(np.int8)
+def _ints(*shape, dtype=np.int8):
+    info = np.iinfo(dtype)
+    return np.random.default_rng(sum(shape)).integers(info.min, info.max, shape, dtype, endpoint=True)
 
 
 NCHW = ("NCHW", "OIHW", "NCHW")
@@ -69,6 +70,9 @@ CASES = [
     Case("int8_to_int32", conv(NCHW, padding="SAME", pet=jnp.int32),
          (_ints(2, 3, 6, 6), _ints(4, 3, 3, 3)), rtol=0, atol=0),
     Case("int8_wraps", conv(NHWC, (2, 1)), (_ints(2, 6, 6, 3), _ints(3, 3, 3, 4)), rtol=0, atol=0),
+    # int32: sums beyond float64's exact range, convolved in 16-bit limbs
+    Case("int32_in_limbs", conv(NCHW, padding="SAME"),
+         (_ints(2, 3, 9, 10, dtype=np.int32), _ints(3, 3, 4, 5, dtype=np.int32)), rtol=0, atol=0),
     Case("f16", conv(NCHW), (rand(1, 2, 6, 6, dtype=np.float16), rand(2, 2, 3, 3, dtype=np.float16)), rtol=1e-2, atol=1e-2),
 ]
 

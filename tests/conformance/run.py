@@ -191,9 +191,7 @@ GROUP_NOTES = {
                             "exact one), juju's is the complex128 one. A filter "
                             "larger than the (dilated) input (the rhs_oob harnesses) "
                             "gives an empty result, built by juju: MAX's ConvOp "
-                            "rejects such a filter. Integer convolutions are exact in "
-                            "float64 up to 2^53; int32/int64 operands could exceed "
-                            "that: unsupported.",
+                            "rejects such a filter.",
     "pow": "float16/bfloat16 pow was computed in the half type (XLA: float32, then "
            "rounded); fixed after this run, verified on those harnesses.",
 }

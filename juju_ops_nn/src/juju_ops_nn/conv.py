@@ -13,8 +13,8 @@ padding and feature groups. Everything else is brought into that form:
   group on contiguous batch slices, concatenated along the output features;
 - preferred_element_type: the operands are cast to the result type first
   (float32 for float16/bfloat16 results, rounded at the end, as XLA);
-- integer convolutions: computed in float64 (exact below 2**53), then wrapped
-  to the integer result type;
+- integer convolutions: computed in float64 (exact below 2**53), in 16-bit
+  limbs for wider operands, then wrapped to the integer result type;
 - complex convolutions: four real convolutions of the parts (`juju.on_parts`).
 """
 
@@ -51,25 +51,12 @@ def lower_conv_general_dilated(ctx, lhs, rhs, *, window_strides, padding, lhs_di
         # MAX's ConvOp rejects such a filter instead of returning nothing.
         return ops.broadcast_to(ctx.constant(0, out_dtype), list(ctx.aval_out.shape))
     if not (np.issubdtype(out_dtype, np.floating) or out_dtype.kind == "V"):
-        # MAX convolves floats only. Integer sums are exact in float64 while
-        # they stay under 2**53; the result then wraps to the output type as
-        # XLA's integer arithmetic does.
-        terms = math.prod(rhs_aval.shape[d] for d in rhs_spec[1:])
-        bound = _magnitude(lhs_aval.dtype) * _magnitude(rhs_aval.dtype) * terms
-        if bound >= 2**53:
-            raise NotImplementedError(
-                f"conv_general_dilated: integer convolution of {lhs_aval.dtype} x "
-                f"{rhs_aval.dtype} (preferred_element_type={preferred_element_type}) could "
-                "exceed float64's exact range; MAX convolves floats only"
-            )
-        as_float = lower_conv_general_dilated(
-            _with_float64_avals(ctx), ops.cast(lhs, DType.float64), ops.cast(rhs, DType.float64),
-            window_strides=window_strides, padding=padding, lhs_dilation=lhs_dilation,
-            rhs_dilation=rhs_dilation, dimension_numbers=dimension_numbers,
-            feature_group_count=feature_group_count, batch_group_count=batch_group_count,
-            precision=precision, preferred_element_type=np.dtype(np.float64),
+        return _integer_convolution(
+            ctx, lhs, rhs, window_strides=window_strides, padding=padding,
+            lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
+            dimension_numbers=dimension_numbers, feature_group_count=feature_group_count,
+            batch_group_count=batch_group_count, precision=precision,
         )
-        return ops.cast(ops.cast(as_float, DType.int64), ctx.max_dtype(out_dtype))
     nd = len(lhs_spec) - 2
     if nd not in (1, 2, 3):
         raise NotImplementedError(
@@ -139,6 +126,61 @@ def lower_conv_general_dilated(ctx, lhs, rhs, *, window_strides, padding, lhs_di
         perm[d] = 1 + i
     out = _permute(out, perm)
     return out if compute == out_dtype else ops.cast(out, ctx.max_dtype(out_dtype))
+
+
+_LIMB = 1 << 16
+
+
+def _integer_convolution(ctx, lhs, rhs, **params):
+    """MAX convolves floats only. Integer sums are exact in float64 while they
+    stay under 2**53; the result then wraps to the output type as XLA's
+    integer arithmetic does. Wider operands are split into 16-bit limbs
+    (x = sum_i x_i 2^(16 i)); each pair of limbs convolves exactly in float64
+    and the pairs add up in int64, wrapping like XLA's sum."""
+    lhs_aval, rhs_aval = ctx.avals_in
+    out_dtype = np.dtype(ctx.aval_out.dtype)
+    rhs_spec = params["dimension_numbers"][1]
+    terms = math.prod(rhs_aval.shape[d] for d in rhs_spec[1:])
+    float_ctx = _with_float64_avals(ctx)
+
+    def exact(a, b):
+        product = lower_conv_general_dilated(
+            float_ctx, ops.cast(a, DType.float64), ops.cast(b, DType.float64),
+            preferred_element_type=np.dtype(np.float64), **params)
+        return ops.cast(product, DType.int64)
+
+    if _magnitude(lhs_aval.dtype) * _magnitude(rhs_aval.dtype) * terms < 2**53:
+        return ops.cast(exact(lhs, rhs), ctx.max_dtype(out_dtype))
+    if (_LIMB - 1) ** 2 * terms >= 2**53:
+        raise NotImplementedError(
+            f"conv_general_dilated: {terms} products per output are too many to sum "
+            f"{lhs_aval.dtype} x {rhs_aval.dtype} exactly in float64, even in 16-bit limbs"
+        )
+    out_bits = 8 * out_dtype.itemsize
+    total = None
+    for i, a in enumerate(_limbs(lhs, lhs_aval.dtype)):
+        for j, b in enumerate(_limbs(rhs, rhs_aval.dtype)):
+            shift = 16 * (i + j)
+            if shift >= out_bits:
+                continue  # a multiple of 2^out_bits: wraps to zero
+            part = exact(a, b)
+            if shift:
+                part = part * ops.constant(1 << shift, DType.int64, device=part.device)
+            total = part if total is None else total + part
+    return ops.cast(total, ctx.max_dtype(out_dtype))
+
+
+def _limbs(x, dtype) -> list:
+    """int64 limbs x_0, x_1, ... with x = sum_i x_i 2^(16 i): all but the top
+    one in [0, 2^16), the top one signed (the two's-complement bits of x)."""
+    x = ops.cast(x, DType.int64)
+    limb = ops.constant(_LIMB, DType.int64, device=x.device)
+    limbs = []
+    for _ in range(max(1, np.dtype(dtype).itemsize // 2) - 1):
+        high = ops.floor_div(x, limb)
+        limbs.append(x - high * limb)
+        x = high
+    return limbs + [x]
 
 
 def _magnitude(dtype) -> int:
