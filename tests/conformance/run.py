@@ -160,8 +160,6 @@ GROUP_NOTES = {
     "reduce": "float16 add with an init value: XLA adds in the half type in its "
               "own order; juju sums in float32 and rounds once (1 of 6 elements "
               "differs by one half-precision ulp).",
-    "select_and_scatter_add": "bool operands: MAX's compiler rejects the graph "
-                              "(CompileError): open.",
     "approx_top_k": "values match; XLA's CPU approx_top_k orders ties unstably, juju "
                     "stably (lower index first).",
     "cumsum": "float16/bfloat16: XLA's CPU cumsum (a reduce_window) rounds to the half "

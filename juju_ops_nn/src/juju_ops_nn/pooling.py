@@ -10,10 +10,12 @@ pick the first maximum in row-major window order, like XLA's `ge` selection.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import numpy as np
+from max.dtype import DType
 from max.graph import ops
 
 from juju import RuleSet
@@ -140,6 +142,17 @@ def _select_op(select_prim):
 @rules.register(P.select_and_scatter_add_p)
 def lower_select_and_scatter_add(ctx, source, operand, *, select_prim, window_dimensions,
                                  window_strides, padding):
+    if np.dtype(ctx.avals_in[0].dtype) == np.bool_:
+        # MAX compiles no bool max/add: select on int32 copies (False < True
+        # keeps the order), then a nonzero sum is XLA's bool add, an OR.
+        as_int = dataclasses.replace(
+            ctx, avals_in=tuple(a.update(dtype=np.dtype(np.int32)) for a in ctx.avals_in),
+            avals_out=tuple(a.update(dtype=np.dtype(np.int32)) for a in ctx.avals_out))
+        total = lower_select_and_scatter_add(
+            as_int, ops.cast(source, DType.int32), ops.cast(operand, DType.int32),
+            select_prim=select_prim, window_dimensions=window_dimensions,
+            window_strides=window_strides, padding=padding)
+        return ops.not_equal(total, ops.constant(0, DType.int32, device=total.device))
     name = _select_op(select_prim)
     aval = ctx.avals_in[1]
     sign = -1 if name in ("ge", "gt") else +1
