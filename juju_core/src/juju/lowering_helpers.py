@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
 import jax
+import numpy as np
 from max.graph import ops
 
 from juju._compat import is_complex_dtype, key_data_aval
@@ -79,6 +81,19 @@ def _trace_uncached(fun, avals, params):
     avals = [key_data_aval(a) for a in avals]
     structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
     return jax.make_jaxpr(lambda *xs: fun(*xs, **kwargs))(*structs)
+
+
+def with_dtype(ctx, dtype):
+    """`ctx` as if every operand and result had `dtype`: for a rule that
+    computes in a wider or other type (casting its operands to it) and
+    re-enters itself or another rule there."""
+    def retyped(aval):
+        return aval.update(dtype=np.dtype(dtype), weak_type=False)
+
+    return dataclasses.replace(
+        ctx, avals_in=tuple(map(retyped, ctx.avals_in)),
+        avals_out=tuple(map(retyped, ctx.avals_out)),
+    )
 
 
 # --- complex numbers: rules written on the parts --------------------------------

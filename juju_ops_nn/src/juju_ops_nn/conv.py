@@ -20,7 +20,6 @@ padding and feature groups. Everything else is brought into that form:
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 
@@ -30,7 +29,7 @@ from max.graph import ops
 
 from juju import RuleSet, on_parts
 from juju._compat import primitives as P
-from juju.lowering_helpers import C, has_complex
+from juju.lowering_helpers import C, has_complex, with_dtype
 from juju_ops_nn._layout import dilate, pad_or_crop
 
 rules = RuleSet()
@@ -141,7 +140,7 @@ def _integer_convolution(ctx, lhs, rhs, **params):
     out_dtype = np.dtype(ctx.aval_out.dtype)
     rhs_spec = params["dimension_numbers"][1]
     terms = math.prod(rhs_aval.shape[d] for d in rhs_spec[1:])
-    float_ctx = _with_float64_avals(ctx)
+    float_ctx = with_dtype(ctx, np.float64)
 
     def exact(a, b):
         product = lower_conv_general_dilated(
@@ -190,16 +189,6 @@ def _magnitude(dtype) -> int:
         return 1
     info = np.iinfo(dtype)
     return max(abs(int(info.min)), int(info.max))
-
-
-def _with_float64_avals(ctx):
-    """`ctx` as if the operands and result were float64."""
-    def wide(aval):
-        return aval.update(dtype=np.dtype(np.float64), weak_type=False)
-
-    return dataclasses.replace(
-        ctx, avals_in=tuple(map(wide, ctx.avals_in)), avals_out=tuple(map(wide, ctx.avals_out))
-    )
 
 
 def _permute(x, order):

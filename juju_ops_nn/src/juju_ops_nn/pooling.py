@@ -10,7 +10,6 @@ pick the first maximum in row-major window order, like XLA's `ge` selection.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -19,6 +18,7 @@ from max.dtype import DType
 from max.graph import ops
 
 from juju import RuleSet
+from juju.lowering_helpers import with_dtype
 from juju._compat import ClosedJaxpr, primitives as P
 from juju_ops_nn._layout import dilate, pad_or_crop, window_slices
 
@@ -145,11 +145,8 @@ def lower_select_and_scatter_add(ctx, source, operand, *, select_prim, window_di
     if np.dtype(ctx.avals_in[0].dtype) == np.bool_:
         # MAX compiles no bool max/add: select on int32 copies (False < True
         # keeps the order), then a nonzero sum is XLA's bool add, an OR.
-        as_int = dataclasses.replace(
-            ctx, avals_in=tuple(a.update(dtype=np.dtype(np.int32)) for a in ctx.avals_in),
-            avals_out=tuple(a.update(dtype=np.dtype(np.int32)) for a in ctx.avals_out))
         total = lower_select_and_scatter_add(
-            as_int, ops.cast(source, DType.int32), ops.cast(operand, DType.int32),
+            with_dtype(ctx, np.int32), ops.cast(source, DType.int32), ops.cast(operand, DType.int32),
             select_prim=select_prim, window_dimensions=window_dimensions,
             window_strides=window_strides, padding=padding)
         return ops.not_equal(total, ops.constant(0, DType.int32, device=total.device))
