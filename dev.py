@@ -4,6 +4,7 @@
     python3 dev.py demo          # set up (if needed) and run examples/basic.py
     python3 dev.py test          # set up (if needed) and run the fast test tier
     python3 dev.py conformance   # JAX's primitive harnesses -> docs/coverage.md
+    python3 dev.py programs      # the real-programs tier (flax, optax, ...) vs jax.jit
     python3 dev.py bench         # benchmarks, juju vs jax.jit
     python3 dev.py python ...    # run the venv's python
 
@@ -68,6 +69,21 @@ def _ensure(requirements: list[str]) -> None:
         marker.write_text("ok")
 
 
+def _installed(name: str) -> str:
+    code = f"from importlib.metadata import version; print(version({name!r}))"
+    out = subprocess.run([str(PYTHON), "-c", code], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def _program_requirements() -> list[str]:
+    """tests/programs/requirements.txt, holding jax, jaxlib and numpy at the
+    installed versions (newer library releases may ask for a newer jax)."""
+    text = (ROOT / "tests" / "programs" / "requirements.txt").read_text()
+    wanted = [line.split("#")[0].strip() for line in text.splitlines()]
+    held = [f"{name}=={_installed(name)}" for name in ("jax", "jaxlib", "numpy")]
+    return [line for line in wanted if line] + held
+
+
 def run(args: list[str]) -> int:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run([str(PYTHON), *args], cwd=ROOT, env=env).returncode
@@ -84,7 +100,11 @@ def main(argv: list[str]) -> int:
     if command == "demo":
         return run(["examples/basic.py", *rest])
     if command == "test":
-        return run(["-m", "pytest", "-m", "not full", *rest])
+        _ensure(_program_requirements())  # CI's subset of the real-programs tier
+        return run(["-m", "pytest", "-m", "not full and not programs", *rest])
+    if command == "programs":
+        _ensure(_program_requirements())
+        return run(["-m", "pytest", "tests/programs", *rest])
     if command == "conformance":
         return run(["-m", "tests.conformance.run", *rest])
     if command == "bench":

@@ -1,0 +1,274 @@
+"""flax linen and nnx: a CNN train step with optax, a transformer encoder
+with an attention mask and dropout, BatchNorm state; written as flax's
+guides write them (linen: `init`/`apply` with `mutable` and `rngs`; nnx:
+`nnx.split`/`nnx.merge` around a pure step, its functional API)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.programs.registry import SIZE1_AXIS, program
+
+
+def _images(seed, n=4, size=8, channels=1):
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(seed)
+    images = jnp.asarray(rng.normal(size=(n, size, size, channels)), jnp.float32)
+    labels = jnp.asarray(rng.integers(0, 10, size=(n,)), jnp.int32)
+    return images, labels
+
+
+def _tokens(seed, n=2, length=6, vocab=16):
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(seed)
+    tokens = jnp.asarray(rng.integers(1, vocab, size=(n, length)), jnp.int32)
+    return tokens.at[1, 4:].set(0)  # padding in the second sequence
+
+
+# --- linen -------------------------------------------------------------------
+
+
+@program("linen_cnn_train_step", "flax.linen", rtol=1e-4, atol=1e-5)
+def linen_cnn_train_step():
+    import jax
+    import optax
+    from flax import linen as nn
+
+    class CNN(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.Conv(features=4, kernel_size=(3, 3))(x)
+            x = nn.relu(x)
+            x = nn.avg_pool(x, window_shape=(2, 2), strides=(2, 2))
+            x = x.reshape((x.shape[0], -1))
+            x = nn.Dense(features=16)(x)
+            x = nn.relu(x)
+            return nn.Dense(features=10)(x)
+
+    model = CNN()
+    images, labels = _images(0)
+    params = model.init(jax.random.key(0), images)["params"]
+    tx = optax.adam(1e-3)
+
+    def train_step(params, opt_state, images, labels):
+        def loss_fn(params):
+            logits = model.apply({"params": params}, images)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return train_step, (params, tx.init(params), images, labels)
+
+
+
+@program("linen_transformer_encoder", "flax.linen", rtol=1e-4, atol=1e-5)
+def linen_transformer_encoder():
+    import jax
+    import jax.numpy as jnp
+    from flax import linen as nn
+
+    class EncoderLayer(nn.Module):
+        dim: int = 16
+        heads: int = 2
+        rate: float = 0.1
+
+        @nn.compact
+        def __call__(self, x, mask, deterministic):
+            y = nn.LayerNorm()(x)
+            y = nn.MultiHeadDotProductAttention(
+                num_heads=self.heads, dropout_rate=self.rate, deterministic=deterministic)(
+                y, y, mask=mask)
+            x = x + nn.Dropout(self.rate, deterministic=deterministic)(y)
+            y = nn.LayerNorm()(x)
+            y = nn.Dense(2 * self.dim)(y)
+            y = nn.gelu(y)
+            y = nn.Dense(self.dim)(y)
+            return x + nn.Dropout(self.rate, deterministic=deterministic)(y)
+
+    class Encoder(nn.Module):
+        vocab: int = 16
+        dim: int = 16
+
+        @nn.compact
+        def __call__(self, tokens, deterministic=True):
+            mask = nn.make_attention_mask(tokens > 0, tokens > 0)
+            x = nn.Embed(self.vocab, self.dim)(tokens)
+            x = x + self.param("pos", nn.initializers.normal(0.02), (1, tokens.shape[1], self.dim))
+            for _ in range(2):
+                x = EncoderLayer(self.dim)(x, mask, deterministic)
+            return nn.LayerNorm()(x).mean(axis=1)
+
+    model = Encoder()
+    tokens = _tokens(1)
+    params = model.init(jax.random.key(1), tokens)["params"]
+
+    def train_loss_and_grad(params, tokens, dropout_key):
+        def loss_fn(params):
+            out = model.apply({"params": params}, tokens, deterministic=False,
+                              rngs={"dropout": dropout_key})
+            return jnp.sum(out ** 2)
+
+        return jax.value_and_grad(loss_fn)(params)
+
+    return train_loss_and_grad, (params, tokens, jax.random.key(2))
+
+
+@program("linen_batchnorm_state", "flax.linen", rtol=1e-4, atol=1e-5)
+def linen_batchnorm_state():
+    import jax
+    import optax
+    from flax import linen as nn
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool):
+            x = nn.Conv(4, (3, 3))(x)
+            x = nn.BatchNorm(use_running_average=not train, momentum=0.9)(x)
+            x = nn.relu(x)
+            x = x.mean(axis=(1, 2))
+            return nn.Dense(10)(x)
+
+    model = Net()
+    images, labels = _images(2)
+    variables = model.init(jax.random.key(3), images, train=False)
+    tx = optax.sgd(0.1)
+
+    def train_step(params, batch_stats, opt_state, images, labels):
+        def loss_fn(params):
+            logits, updates = model.apply({"params": params, "batch_stats": batch_stats},
+                                          images, train=True, mutable=["batch_stats"])
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+            return loss, updates["batch_stats"]
+
+        (loss, batch_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = tx.update(grads, opt_state)
+        params = optax.apply_updates(params, updates)
+        eval_logits = model.apply({"params": params, "batch_stats": batch_stats}, images,
+                                  train=False)
+        return params, batch_stats, opt_state, loss, eval_logits
+
+    params = variables["params"]
+    return train_step, (params, variables["batch_stats"], tx.init(params), images, labels)
+
+
+# --- nnx ---------------------------------------------------------------------
+
+
+def _nnx_step(model, optimizer, loss_fn):
+    """The pure step of nnx's functional API: merge, step, split."""
+    from flax import nnx
+
+    graphdef, state = nnx.split((model, optimizer))
+
+    def step(state, *batch):
+        model, optimizer = nnx.merge(graphdef, state)
+        loss, grads = nnx.value_and_grad(loss_fn)(model, *batch)
+        optimizer.update(model, grads)
+        return nnx.state((model, optimizer)), loss
+
+    return step, state
+
+
+@program("nnx_cnn_train_step", "flax.nnx", rtol=1e-4, atol=1e-5)
+def nnx_cnn_train_step():
+    import optax
+    from flax import nnx
+
+    class CNN(nnx.Module):
+        def __init__(self, *, rngs: nnx.Rngs):
+            self.conv = nnx.Conv(1, 4, kernel_size=(3, 3), rngs=rngs)
+            self.linear1 = nnx.Linear(4 * 4 * 4, 16, rngs=rngs)
+            self.linear2 = nnx.Linear(16, 10, rngs=rngs)
+
+        def __call__(self, x):
+            x = nnx.avg_pool(nnx.relu(self.conv(x)), window_shape=(2, 2), strides=(2, 2))
+            x = x.reshape(x.shape[0], -1)
+            return self.linear2(nnx.relu(self.linear1(x)))
+
+    model = CNN(rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.adamw(1e-3, 0.9), wrt=nnx.Param)
+
+    def loss_fn(model, images, labels):
+        logits = model(images)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    step, state = _nnx_step(model, optimizer, loss_fn)
+    return step, (state, *_images(4))
+
+
+@program("nnx_transformer_encoder", "flax.nnx", rtol=1e-4, atol=1e-5,
+         xfail=SIZE1_AXIS)
+def nnx_transformer_encoder():
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    class EncoderLayer(nnx.Module):
+        def __init__(self, dim, heads, rate, *, rngs: nnx.Rngs):
+            self.norm1 = nnx.LayerNorm(dim, rngs=rngs)
+            self.attn = nnx.MultiHeadAttention(num_heads=heads, in_features=dim,
+                                               dropout_rate=rate, decode=False, rngs=rngs)
+            self.norm2 = nnx.LayerNorm(dim, rngs=rngs)
+            self.up = nnx.Linear(dim, 2 * dim, rngs=rngs)
+            self.down = nnx.Linear(2 * dim, dim, rngs=rngs)
+            self.dropout = nnx.Dropout(rate, rngs=rngs)
+
+        def __call__(self, x, mask):
+            x = x + self.dropout(self.attn(self.norm1(x), mask=mask))
+            return x + self.dropout(self.down(nnx.gelu(self.up(self.norm2(x)))))
+
+    class Encoder(nnx.Module):
+        def __init__(self, vocab=16, dim=16, *, rngs: nnx.Rngs):
+            self.embed = nnx.Embed(vocab, dim, rngs=rngs)
+            self.layers = nnx.List([EncoderLayer(dim, 2, 0.1, rngs=rngs) for _ in range(2)])
+            self.head = nnx.Linear(dim, 1, rngs=rngs)
+
+        def __call__(self, tokens):
+            mask = nnx.make_attention_mask(tokens > 0, tokens > 0)
+            x = self.embed(tokens)
+            for layer in self.layers:
+                x = layer(x, mask)
+            return self.head(x.mean(axis=1))[:, 0]
+
+    model = Encoder(rngs=nnx.Rngs(params=0, dropout=1))
+    model.train()  # dropout on: it draws from the model's dropout Rngs state
+    optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+
+    def loss_fn(model, tokens, targets):
+        return jnp.mean((model(tokens) - targets) ** 2)
+
+    step, state = _nnx_step(model, optimizer, loss_fn)
+    targets = jnp.asarray([0.5, -1.0], jnp.float32)
+    return step, (state, _tokens(5), targets)
+
+
+@program("nnx_batchnorm_state", "flax.nnx", rtol=1e-4, atol=1e-5,
+         xfail=SIZE1_AXIS)
+def nnx_batchnorm_state():
+    import optax
+    from flax import nnx
+
+    class Net(nnx.Module):
+        def __init__(self, *, rngs: nnx.Rngs):
+            self.linear = nnx.Linear(8, 16, rngs=rngs)
+            self.bn = nnx.BatchNorm(16, momentum=0.9, rngs=rngs)
+            self.out = nnx.Linear(16, 1, rngs=rngs)  # a one-unit output layer
+
+        def __call__(self, x):
+            return self.out(nnx.relu(self.bn(self.linear(x))))
+
+    model = Net(rngs=nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+
+    def loss_fn(model, x, y):
+        return ((model(x) - y) ** 2).mean()
+
+    step, state = _nnx_step(model, optimizer, loss_fn)
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(16, 8)).astype(np.float32)
+    y = rng.normal(size=(16, 1)).astype(np.float32)
+    return step, (state, x, y)

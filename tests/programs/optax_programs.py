@@ -1,0 +1,110 @@
+"""optax: the optimizers and combinators of its documentation, a few steps
+each on a small regression, as in optax's "Getting started"."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.programs.registry import program
+
+
+def _regression(seed=0, n=16, d=8):
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(seed)
+    params = {"w": jnp.asarray(rng.normal(size=(d, 4)), jnp.float32),
+              "b": jnp.zeros((4,), jnp.float32)}
+    x = jnp.asarray(rng.normal(size=(n, d)), jnp.float32)
+    y = jnp.asarray(rng.normal(size=(n, 4)), jnp.float32)
+    return params, (x, y)
+
+
+def _loss(params, batch):
+    import jax.numpy as jnp
+
+    x, y = batch
+    return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
+
+
+def _steps(optimizer, steps):
+    """`steps` updates in one function: updated params, state and losses."""
+    import jax
+    import optax
+
+    def train(params, opt_state, batch):
+        losses = []
+        for _ in range(steps):
+            loss, grads = jax.value_and_grad(_loss)(params, batch)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            params = optax.apply_updates(params, updates)
+            losses.append(loss)
+        return params, opt_state, losses
+
+    return train
+
+
+@program("optax_adam", "optax", rtol=1e-5, atol=1e-6, ci=True)
+def optax_adam():
+    import optax
+
+    params, batch = _regression()
+    optimizer = optax.adam(learning_rate=1e-2)
+    return _steps(optimizer, 3), (params, optimizer.init(params), batch)
+
+
+@program("optax_adamw_schedule", "optax", rtol=1e-5, atol=1e-6)
+def optax_adamw_schedule():
+    import optax
+
+    params, batch = _regression(1)
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=1e-2, warmup_steps=2, decay_steps=10, end_value=1e-4)
+    optimizer = optax.adamw(learning_rate=schedule, weight_decay=1e-2)
+    return _steps(optimizer, 3), (params, optimizer.init(params), batch)
+
+
+@program("optax_chain_clip_by_global_norm", "optax", rtol=1e-5, atol=1e-6)
+def optax_chain_clip_by_global_norm():
+    import jax.numpy as jnp
+    import optax
+
+    rng = np.random.default_rng(2)
+    # the shapes of issue 14's report
+    params = {"a": jnp.asarray(rng.normal(size=(1000, 64)), jnp.float32),
+              "b": jnp.asarray(rng.normal(size=(64,)), jnp.float32)}
+    x = jnp.asarray(rng.normal(size=(4, 1000)), jnp.float32)
+
+    def loss(params, x):
+        return jnp.mean(jnp.tanh(x @ params["a"] + params["b"]) ** 2)
+
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))
+
+    def step(params, opt_state, x):
+        import jax
+
+        value, grads = jax.value_and_grad(loss)(params, x)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    return step, (params, optimizer.init(params), x)
+
+
+@program("optax_multi_transform", "optax", rtol=1e-5, atol=1e-6)
+def optax_multi_transform():
+    import optax
+
+    params, batch = _regression(3)
+    optimizer = optax.multi_transform(
+        {"adam": optax.adam(1e-2), "sgd": optax.sgd(1e-1, momentum=0.9)},
+        {"w": "adam", "b": "sgd"})
+    return _steps(optimizer, 2), (params, optimizer.init(params), batch)
+
+
+@program("optax_ema", "optax", rtol=1e-5, atol=1e-6)
+def optax_ema():
+    import optax
+
+    params, batch = _regression(4)
+    # EMA of the updates after sgd, with bias correction, as optax's docs chain it
+    optimizer = optax.chain(optax.sgd(1e-1), optax.ema(decay=0.9, debias=True))
+    return _steps(optimizer, 3), (params, optimizer.init(params), batch)
