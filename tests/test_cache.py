@@ -1,8 +1,10 @@
 """juju's persistent compile cache: a new process reuses compiled models,
-corrupt entries are rebuilt, the size bound holds, and it can be disabled."""
+corrupt entries are rebuilt, the size bound holds, it can be disabled, and a
+cache folder that cannot be written never fails a call."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -14,28 +16,89 @@ import pytest
 
 from juju import cache
 
+# Root ignores file modes, so under root a read-only folder is simulated: every
+# write below it fails as on a read-only mount (EROFS).
+SIMULATE_READ_ONLY = textwrap.dedent(
+    """
+    import builtins, errno, io, os
+    _ro = os.path.realpath(os.environ["TEST_READ_ONLY"])
+    def _below(path):
+        try:
+            return os.path.realpath(os.fspath(path)).startswith(_ro)
+        except TypeError:
+            return False
+    def _deny(path):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fspath(path))
+    def _guard(fn, writes=lambda *a, **k: True):
+        def guarded(path, *args, **kwargs):
+            if _below(path) and writes(*args, **kwargs):
+                _deny(path)
+            return fn(path, *args, **kwargs)
+        return guarded
+    _writing_mode = lambda mode="r", *a, **k: any(c in mode for c in "wax+")
+    _writing_flags = lambda flags, *a, **k: flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)
+    os.open = _guard(os.open, _writing_flags)
+    builtins.open = io.open = _guard(io.open, _writing_mode)
+    for _name in ("mkdir", "utime", "replace", "rename", "unlink", "rmdir", "chmod"):
+        setattr(os, _name, _guard(getattr(os, _name)))
+    """
+)
+
 PROGRAM = textwrap.dedent(
     """
-    import json, sys, time
+    import json, logging, os, sys, time
+    if os.environ.get("TEST_READ_ONLY"):
+        exec(os.environ["TEST_SIMULATION"])
     import numpy as np, jax.numpy as jnp, juju
+    from juju import engine
+    compiles, warnings = [], []
+    _compile = engine.Engine.compile
+    def counting_compile(self, module, what, **kwargs):
+        compiles.append(what)
+        return _compile(self, module, what, **kwargs)
+    engine.Engine.compile = counting_compile
+    class Warnings(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                warnings.append(record.getMessage())
+    logging.getLogger("juju").addHandler(Warnings())
     f = juju.jit(lambda x, y: jnp.tanh(x) * y + 0.25)
-    x = np.linspace(-2, 2, 6, dtype=np.float32)
+    ok = True
     start = time.perf_counter()
-    out = f(x, x).to_numpy()
-    print(json.dumps({"seconds": time.perf_counter() - start,
-                      "ok": bool(np.allclose(out, np.tanh(x) * x + 0.25, rtol=1e-6)),
-                      "dtype": str(out.dtype), "shape": list(out.shape)}))
+    for size in (6, 3)[: int(sys.argv[1])]:  # a second shape: a second compile
+        x = np.linspace(-2, 2, size, dtype=np.float32)
+        out = f(x, x).to_numpy()
+        ok = ok and bool(np.allclose(out, np.tanh(x) * x + 0.25, rtol=1e-6))
+    print(json.dumps({"seconds": time.perf_counter() - start, "ok": ok,
+                      "dtype": str(out.dtype), "shape": list(out.shape),
+                      "compiles": len(compiles), "warnings": warnings}))
     """
 )
 
 
-def run(cache_dir: Path, **env) -> dict:
+def run(cache_dir: Path, shapes: int = 1, read_only: Path | None = None, **env) -> dict:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("JUJU_")}
     environment.update(JUJU_CACHE_DIR=str(cache_dir), **env)
-    result = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True,
-                            env=environment, timeout=600)
+    if read_only is not None and os.geteuid() == 0:
+        environment.update(TEST_READ_ONLY=str(read_only), TEST_SIMULATION=SIMULATE_READ_ONLY)
+    result = subprocess.run([sys.executable, "-c", PROGRAM, str(shapes)], capture_output=True,
+                            text=True, env=environment, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def read_only(folder: Path):
+    """`folder` and everything below it read-only (file modes; simulated under root)."""
+    paths = [folder, *folder.rglob("*")]
+    modes = {path: path.stat().st_mode for path in paths}
+    for path in paths:
+        path.chmod(modes[path] & ~0o222)
+    try:
+        yield folder
+    finally:
+        for path in reversed(paths):
+            path.chmod(modes[path])
 
 
 def entries(cache_dir: Path):
@@ -59,6 +122,7 @@ def test_a_new_process_loads_the_compiled_model_from_the_cache(warm_cache):
     # Trace + lower + key + MEF load; a compile (even from MAX's own disk
     # cache) is not needed. Generous bound: CI machines are noisy.
     assert second["seconds"] < 5.0, second
+    assert second["compiles"] == 0 and not second["warnings"], second
     assert entries(warm_cache) == (refs, mefs)  # nothing new was written
 
 
@@ -93,3 +157,43 @@ def test_size_bound_evicts_least_recently_used(tmp_path, monkeypatch):
     new.write_bytes(b"y" * 800)
     cache._evict(folder)
     assert not old.exists() and new.exists()
+
+
+def test_a_populated_read_only_cache_is_read(warm_cache):
+    refs, mefs = entries(warm_cache)
+    with read_only(warm_cache):
+        result = run(warm_cache, read_only=warm_cache)
+    assert result["ok"]
+    assert result["compiles"] == 0 and not result["warnings"], result  # a hit, silently
+    assert entries(warm_cache) == (refs, mefs)
+
+
+def test_an_empty_read_only_cache_warns_once_and_compiles_in_memory(tmp_path):
+    with read_only(tmp_path):
+        result = run(tmp_path, shapes=2, read_only=tmp_path)
+    assert result["ok"] and result["compiles"] == 2, result
+    (warning,) = result["warnings"]  # once, not once per compile
+    assert "cannot write the compile cache" in warning and str(tmp_path) in warning
+    assert "JUJU_CACHE_DIR" in warning
+    assert not (tmp_path / "compiled").exists()
+
+
+def test_a_cache_path_through_a_file_warns_once_and_compiles_in_memory(tmp_path):
+    a_file = tmp_path / "not-a-folder"
+    a_file.write_text("")
+    result = run(a_file / "juju", shapes=2)  # like JUJU_CACHE_DIR=/dev/null/x
+    assert result["ok"] and result["compiles"] == 2, result
+    (warning,) = result["warnings"]
+    assert "NotADirectoryError" in warning or "FileExistsError" in warning, warning
+
+
+def test_the_default_folder_is_the_platform_user_cache(monkeypatch, tmp_path):
+    import platformdirs
+
+    monkeypatch.delenv("JUJU_CACHE_DIR", raising=False)
+    assert cache.root() == Path(platformdirs.user_cache_dir("juju", appauthor=False))
+    if sys.platform.startswith("linux"):
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+        assert cache.root() == tmp_path / "juju"
+    monkeypatch.setenv("JUJU_CACHE_DIR", "~/somewhere")
+    assert cache.root() == Path.home() / "somewhere"

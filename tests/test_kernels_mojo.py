@@ -4,6 +4,7 @@ GPU compile (without a GPU). All CPU graphs compile in ONE MAX compilation."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -375,6 +376,22 @@ def test_concurrent_builds_build_once_and_atomically(tmp_path):
         env=env, cwd=cwd, capture_output=True, text=True, check=True,
     ).stdout.split()
     assert out == [str(path), "None"]
+
+
+def test_an_unwritable_cache_builds_in_a_private_folder(tmp_path, monkeypatch, caplog):
+    a_file = tmp_path / "not-a-folder"
+    a_file.write_text("")
+    monkeypatch.setenv("JUJU_CACHE_DIR", str(a_file / "cache"))  # like /dev/null/x
+    monkeypatch.setattr(build, "_fallback_dir", None)
+    src = make_kernel_dir(tmp_path / "src")
+    with caplog.at_level("WARNING", logger="juju"):
+        path = build.build_kernel_library(src, "tiny_kernels")
+        again = build.build_kernel_library(src, "tiny_kernels")
+    assert path == again and path.is_file() and build.last_build_seconds is None
+    assert a_file not in path.parents and build._fallback_dir in path.parents
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "cannot write kernel libraries" in warning.getMessage()
+    shutil.rmtree(build._fallback_dir)
 
 
 def test_build_failure_shows_the_compiler_error(tmp_path, monkeypatch):

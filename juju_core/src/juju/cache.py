@@ -5,7 +5,9 @@ graph's name normalised), the MAX version, the device and the content of
 every kernel library the graph loads. So a change to a rule, to a constant or
 to a kernel gives a new key, and nothing can go stale by construction.
 
-Layout under `$JUJU_CACHE_DIR` (default `~/.cache/juju`)::
+Layout under `$JUJU_CACHE_DIR` (default: the platform's user cache folder,
+`platformdirs.user_cache_dir("juju")`: `$XDG_CACHE_HOME/juju` or
+`~/.cache/juju` on Linux, `~/Library/Caches/juju` on macOS)::
 
     compiled/max-<version>/<batch>.mef      one MAX compilation (1..N graphs)
     compiled/max-<version>/<key>.json       {"mef": ..., "index": i, "sha256": ...}
@@ -16,6 +18,11 @@ entry. Every entry is checked against its digest before MAX reads it; a
 corrupt or missing file is deleted and the graph recompiled. The total size
 is bounded (`JUJU_CACHE_MAX_MB`, default 2048): the least recently used
 batches go first. `JUJU_DISABLE_CACHE=1` turns the cache off.
+
+The cache is an optimisation and never fails a call: a folder that cannot be
+created or written (a read-only or missing mount, a path through a file) is
+reported once (a warning on the `juju` logger) and graphs are compiled in
+memory; a read-only cache that holds entries is still read.
 """
 
 from __future__ import annotations
@@ -26,12 +33,19 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
+
+import platformdirs
 
 log = logging.getLogger("juju")
 
 _file_digests: dict[tuple[str, float, int], str] = {}
+# Folders found unusable in this process (reported once, not written again).
+_unwritable: set[Path] = set()
+_unreadable: set[Path] = set()
+_report_lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,21 +60,40 @@ def enabled() -> bool:
 
 
 def root() -> Path:
+    """juju's cache folder: `$JUJU_CACHE_DIR`, else the platform's user cache
+    folder for "juju" (which honours `$XDG_CACHE_HOME` on Linux)."""
     base = os.environ.get("JUJU_CACHE_DIR")
     if base:
-        return Path(base)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "juju"
+        return Path(base).expanduser()
+    return Path(platformdirs.user_cache_dir("juju", appauthor=False))
 
 
 def max_version() -> str:
     return _max_version()
 
 
+def folder() -> Path:
+    """Where compiled models of this MAX version live (not created)."""
+    return root() / "compiled" / f"max-{max_version()}"
+
+
 def directory() -> Path:
-    path = root() / "compiled" / f"max-{max_version()}"
+    """`folder()`, created if missing (raises OSError when it cannot be)."""
+    path = folder()
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def _report_once(seen: set[Path], path: Path, what: str, exc: BaseException) -> None:
+    with _report_lock:
+        if path in seen:
+            return
+        seen.add(path)
+    log.warning(
+        "juju: cannot %s the compile cache in %s (%s: %s); compiling in memory. "
+        "Set JUJU_CACHE_DIR to a writable folder, or JUJU_DISABLE_CACHE=1 to silence this.",
+        what, path, type(exc).__name__, exc,
+    )
 
 
 def _file_digest(path: str) -> str:
@@ -88,17 +121,22 @@ def lookup(key: str) -> tuple[Path, int] | None:
     """(MEF path, model index) for a cached, intact entry; None otherwise."""
     if not enabled():
         return None
-    folder = directory()
-    ref_path = folder / f"{key}.json"
+    path = folder()
+    ref_path = path / f"{key}.json"
     try:
-        ref = json.loads(ref_path.read_text())
-        mef = folder / ref["mef"]
+        text = ref_path.read_text()
+    except (FileNotFoundError, NotADirectoryError):  # a miss, or no cache folder at all
+        return None
+    except OSError as exc:  # unreadable: the cache is an optimisation
+        _report_once(_unreadable, path, "read", exc)
+        return None
+    try:
+        ref = json.loads(text)
+        mef = path / ref["mef"]
         if _file_digest(os.fspath(mef)) != ref["sha256"]:
             raise ValueError("digest mismatch")
         index = int(ref["index"])
-    except FileNotFoundError:
-        return None
-    except Exception as exc:  # corrupt entry: drop it and recompile
+    except Exception as exc:  # corrupt entry: drop it (if we may) and recompile
         log.warning("juju: dropping corrupt cache entry %s (%s)", ref_path.name, exc)
         _unlink(ref_path)
         return None
@@ -106,31 +144,37 @@ def lookup(key: str) -> tuple[Path, int] | None:
     try:
         os.utime(mef, (now, now))  # least-recently-used eviction reads mtime
     except OSError:
-        return None
+        pass  # a read-only cache: still a hit, only its eviction order is stale
     return mef, index
 
 
 def store(keys: list[str], compiled_model) -> None:
     """Export one compilation (graphs in `keys` order) and index each key."""
-    if not enabled():
+    if not enabled() or folder() in _unwritable:
         return
-    folder = directory()
-    batch = hashlib.sha256("".join(keys).encode()).hexdigest()[:32]
-    mef = folder / f"batch-{batch}.mef"
+    path = folder()
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".mef.tmp")
+        directory()
+        fd, tmp = tempfile.mkstemp(dir=path, suffix=".mef.tmp")
         os.close(fd)
+    except OSError as exc:  # read-only, missing mount, a file in the path...
+        _report_once(_unwritable, path, "write", exc)
+        return
+    batch = hashlib.sha256("".join(keys).encode()).hexdigest()[:32]
+    mef = path / f"batch-{batch}.mef"
+    try:
         compiled_model.export_mef(tmp)
         os.replace(tmp, mef)
         digest = _file_digest(os.fspath(mef))
         for index, key in enumerate(keys):
-            _write_atomic(folder / f"{key}.json", json.dumps(
+            _write_atomic(path / f"{key}.json", json.dumps(
                 {"mef": mef.name, "index": index, "sha256": digest}
             ))
     except Exception as exc:  # the cache is an optimisation: never fail a call
-        log.warning("juju: could not write the compile cache in %s: %s", folder, exc)
+        log.warning("juju: could not write the compile cache in %s: %s", path, exc)
+        _unlink(Path(tmp))
         return
-    _evict(folder)
+    _evict(path)
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -147,10 +191,10 @@ def _unlink(path: Path) -> None:
         pass
 
 
-def _evict(folder: Path) -> None:
+def _evict(where: Path) -> None:
     limit = float(os.environ.get("JUJU_CACHE_MAX_MB", "2048")) * 1024 * 1024
     mefs = []
-    for path in folder.glob("batch-*.mef"):
+    for path in where.glob("batch-*.mef"):
         try:
             stat = path.stat()
         except OSError:

@@ -8,13 +8,15 @@ directory and renames the result into place, under a file lock, so two
 processes building at once neither clash nor build twice; an unchanged library
 is never rebuilt.
 
-Cache directory: `$JUJU_CACHE_DIR/kernels`, else
-`$XDG_CACHE_HOME/juju/kernels`, else `~/.cache/juju/kernels`.
+Cache directory: `kernels/` in juju's cache folder (`juju.cache.root()`:
+`$JUJU_CACHE_DIR`, else the platform's user cache folder). A library found
+there is used even when the folder is read-only; when it must be built and
+the folder cannot be written, it is built in a private temporary folder for
+this process (with a warning): the cache never fails a call.
 """
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import logging
@@ -27,12 +29,15 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from filelock import FileLock
+
 from juju import CompileError
+from juju import cache as juju_cache
 
 log = logging.getLogger("juju")
 
-_built: dict[tuple[str, str], Path] = {}
 _lock = threading.Lock()
+_fallback_dir: Path | None = None  # this process's private folder, if the cache is unusable
 
 #: Seconds the last `mojo precompile` in this process took (None: cache hit).
 last_build_seconds: float | None = None
@@ -40,12 +45,20 @@ last_build_seconds: float | None = None
 
 def cache_dir() -> Path:
     """Where compiled kernel libraries are kept."""
-    root = os.environ.get("JUJU_CACHE_DIR")
-    if root:
-        return Path(root).expanduser() / "kernels"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "juju" / "kernels"
+    return juju_cache.root() / "kernels"
+
+
+def _private_dir(reason: OSError) -> Path:
+    """A temporary folder for this process's builds (the cache is unusable)."""
+    global _fallback_dir
+    if _fallback_dir is None:
+        _fallback_dir = Path(tempfile.mkdtemp(prefix="juju-kernels-"))
+        log.warning(
+            "juju: cannot write kernel libraries to %s (%s: %s); building them in %s for "
+            "this process. Set JUJU_CACHE_DIR to a writable folder to keep them.",
+            cache_dir(), type(reason).__name__, reason, _fallback_dir,
+        )
+    return _fallback_dir
 
 
 def _version(dist: str) -> str:
@@ -104,28 +117,30 @@ def build_kernel_library(source_dir: os.PathLike | str, name: str) -> Path:
             f"kernel library '{name}': {source_dir} is not a Mojo package "
             "(it needs an __init__.mojo, which may be empty)"
         )
-    key = (str(source_dir), name)
     digest = source_hash(source_dir)
-    target = cache_dir() / toolchain_versions() / f"{name}-{digest}" / f"{name}.mojoc"
+    relative = Path(toolchain_versions()) / f"{name}-{digest}" / f"{name}.mojoc"
     with _lock:
-        cached = _built.get(key)
-        if cached == target and target.exists():
-            return target
-        if target.exists():
-            _built[key] = target
-            last_build_seconds = None
-            return target
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target.parent / ".lock", "w") as lock_file:
-            fcntl.flock(lock_file, fcntl.LOCK_EX)  # another process may be building
-            try:
-                if not target.exists():
-                    last_build_seconds = _precompile(source_dir, target, name)
-                else:
-                    last_build_seconds = None
-            finally:
-                fcntl.flock(lock_file, fcntl.LOCK_UN)
-        _built[key] = target
+        for folder in (cache_dir(), _fallback_dir):
+            if folder is not None and (folder / relative).exists():
+                last_build_seconds = None
+                return folder / relative
+        target = cache_dir() / relative
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(target.parent / ".lock")
+            lock.acquire()  # another process may be building
+        except OSError as exc:  # read-only or missing: build privately
+            target = _private_dir(exc) / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(target.parent / ".lock")
+            lock.acquire()
+        try:
+            if not target.exists():
+                last_build_seconds = _precompile(source_dir, target, name)
+            else:
+                last_build_seconds = None
+        finally:
+            lock.release()
         return target
 
 
