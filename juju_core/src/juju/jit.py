@@ -297,6 +297,11 @@ class Lowered:
     kernel_names: frozenset
     name: str
 
+    @property
+    def in_tree(self):
+        """The pytree structure of the non-static `(args, kwargs)`."""
+        return self.key[0]
+
     @functools.cached_property
     def out_key_impls(self) -> tuple:
         return tuple(
@@ -340,17 +345,79 @@ class Lowered:
 
 
 class Compiled:
-    """A loaded model for one signature; call it with the same arguments."""
+    """A loaded model for one signature. As jax's `Compiled`, it is called
+    with the non-static arguments only, of the types it was compiled for
+    (weak types aside); other types raise TypeError, never recompile."""
 
     def __init__(self, lowered: Lowered, executable: Executable):
         self.lowered = lowered
         self.executable = executable
 
     def __call__(self, *args, **kwargs):
-        return self.lowered.jit_function(*args, **kwargs)
+        lowered = self.lowered
+        fn = lowered.jit_function
+        leaves, treedef = tree_util.tree_flatten((args, kwargs))
+        if treedef != lowered.in_tree:
+            raise TypeError(
+                f"juju.jit({fn.__name__}): Compiled function was compiled for arguments "
+                f"with pytree structure {lowered.in_tree} but called with {treedef}. A "
+                "Compiled object takes the non-static arguments only, as jax's does."
+            )
+        try:
+            called = [_signature(x) for x in leaves]
+        except _TracerSeen:
+            raise TypeError(
+                f"juju.jit({fn.__name__}): a Compiled object runs on concrete arrays; under "
+                "a JAX transformation, call the juju.jit function itself."
+            ) from None
+        compiled = lowered.closed_jaxpr.in_avals
+        if any(not _same_type(a, c) for a, c in zip(compiled, called)):
+            names = _argument_names(fn, args, kwargs)
+            mismatches = "\n".join(
+                f"  Argument '{name}' compiled with {_type_str(a.shape, a.dtype)} and called "
+                f"with {_type_str(c[0], c[1])}"
+                for name, a, c in zip(names, compiled, called) if not _same_type(a, c)
+            )
+            raise TypeError(
+                f"juju.jit({fn.__name__}): argument types differ from the types for which "
+                "this computation was compiled (a Compiled object never recompiles: call "
+                f"the juju.jit function for other types). The mismatches are:\n{mismatches}"
+            )
+        return self.executable.run(leaves)
 
     def as_text(self) -> str:
         return self.lowered.as_text()
+
+
+def _same_type(aval, signature) -> bool:
+    shape, dtype, _ = signature  # weak types may differ, as in jax
+    return aval.dtype == dtype and len(aval.shape) == len(shape) and all(
+        is_symbolic_dim(d) or d == n for d, n in zip(aval.shape, shape)
+    )
+
+
+def _type_str(shape, dtype) -> str:
+    name = str(dtype) if is_key_dtype(dtype) else np.dtype(dtype).name
+    return f"{name}[{','.join(map(str, shape))}]"
+
+
+def _argument_names(fn: JitFunction, args, kwargs) -> list[str]:
+    """A name per leaf of the non-static `(args, kwargs)`, as `x` or `params['w']`."""
+    try:
+        params = [p.name for p in inspect.signature(fn.fun).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    dynamic = [name for i, name in enumerate(params) if i not in fn.static_argnums]
+    names = []
+    for path, _ in tree_util.tree_flatten_with_path((args, kwargs))[0]:
+        where, key, rest = path[0].idx, path[1], tree_util.keystr(path[2:])
+        if where == 1:
+            names.append(f"{key.key}{rest}")
+        else:
+            name = dynamic[key.idx] if key.idx < len(dynamic) else f"args[{key.idx}]"
+            names.append(f"{name}{rest}")
+    return names
 
 
 def compile_all(lowered: Sequence[Lowered]) -> list[Compiled]:
@@ -422,7 +489,7 @@ class JitFunction:
         self.polymorphic_shapes = polymorphic_shapes
         # symbolic signature -> Executable, or _PER_SHAPE when it cannot be built
         self._symbolic: dict[tuple, Any] = {}
-        self.engine = engine if engine is not None else cpu_engine()
+        self.engine = _checked_engine(engine)
         self.static_argnums, self.static_argnames = _resolve_statics(
             fun, static_argnums, static_argnames
         )
@@ -431,7 +498,12 @@ class JitFunction:
         self._lowered: dict[tuple, Lowered] = {}
         self.trace_count = 0  # times traced to a Jaxpr (once per new signature)
         self.compile_count = 0  # executables loaded for this function
-        functools.update_wrapper(self, fun)
+        functools.update_wrapper(self, fun, updated=())
+        # The user function's attributes, but never those of a wrapped
+        # JitFunction: its options and caches are not this jit's (issue 19).
+        user_fun = inspect.unwrap(fun, stop=lambda g: not isinstance(g, JitFunction))
+        for name, value in getattr(user_fun, "__dict__", {}).items():
+            self.__dict__.setdefault(name, value)
 
     def __repr__(self):
         return f"juju.jit({getattr(self.fun, '__qualname__', self.fun)})"
@@ -623,16 +695,43 @@ def _graph_name(fun) -> str:
     return f"{base}_{next(_graph_ids)}"
 
 
+def _checked_engine(engine) -> Engine:
+    if engine is None:
+        return cpu_engine()
+    if isinstance(engine, Engine):
+        return engine
+    name = getattr(engine, "__name__", None)
+    if callable(engine) and name:  # engine=juju.gpu_engine: the factory, not called
+        got = f"the function {name}; call it: engine=juju.{name}()"
+    else:
+        got = f"{type(engine).__name__} {engine!r}"
+    raise TypeError(
+        f"juju.jit: engine must be a juju.Engine, such as juju.cpu_engine() or "
+        f"juju.gpu_engine(0), got {got}"
+    )
+
+
 def _resolve_statics(fun, static_argnums, static_argnames):
     if isinstance(static_argnums, int):
         static_argnums = (static_argnums,)
     if isinstance(static_argnames, str):
         static_argnames = (static_argnames,)
-    nums, names = set(static_argnums or ()), set(static_argnames or ())
+    static_argnums, static_argnames = tuple(static_argnums or ()), tuple(static_argnames or ())
+    for n in static_argnums:
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise TypeError(f"juju.jit: static_argnums must be ints, got {n!r}")
+    for n in static_argnames:
+        if not isinstance(n, str):
+            raise TypeError(f"juju.jit: static_argnames must be strings, got {n!r}")
+    nums, names = set(static_argnums), set(static_argnames)
     try:
-        params = list(inspect.signature(fun).parameters.values())
-    except (TypeError, ValueError):
-        params = []
+        signature = inspect.signature(fun)
+    except (TypeError, ValueError):  # some builtins: no check, as in jax
+        signature = None
+    params = list(signature.parameters.values()) if signature is not None else []
+    if signature is not None:
+        _validate_argnums(params, static_argnums)
+        _validate_argnames(params, static_argnames)
     positional = [
         p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
@@ -649,6 +748,33 @@ def _resolve_statics(fun, static_argnums, static_argnames):
         if p.name in names:
             resolved.add(i)
     return frozenset(resolved), frozenset(names)
+
+
+# jax.jit's checks and messages (jax/_src/api_util.py), so that code moving
+# between jax.jit and juju.jit fails the same way.
+
+
+def _validate_argnums(params, argnums) -> None:
+    if any(p.kind is p.VAR_POSITIONAL for p in params):  # *args: any index
+        return
+    n_positional = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+    if argnums and (-min(argnums) > n_positional or max(argnums) >= n_positional):
+        raise ValueError(f"Jitted function has static_argnums={argnums}, "
+                         f"but only accepts {n_positional} positional arguments.")
+
+
+def _validate_argnames(params, argnames) -> None:
+    positional_only = {p.name for p in params
+                       if p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL)}
+    if invalid := positional_only & set(argnames):
+        raise ValueError(f"Jitted function has invalid argnames {invalid} "
+                         "in static_argnames. These are positional-only")
+    if any(p.kind is p.VAR_KEYWORD for p in params):  # **kwargs: any name
+        return
+    keywords = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if invalid := set(argnames) - keywords:
+        raise ValueError(f"Jitted function has invalid argnames {invalid} "
+                         "in static_argnames. Function does not take these args.")
 
 
 def jit(
@@ -688,6 +814,7 @@ def jit(
 
 def make_max_graph(f: Callable, *, engine: Engine | None = None, **jit_kwargs):
     """`make_max_graph(f)(*args)` returns the MAX graph (print it for its text)."""
+    _checked_engine(engine)  # fail here, not at the first call
 
     @functools.wraps(f)
     def build(*args, **kwargs):
