@@ -7,6 +7,8 @@ Every graph here is compiled in ONE MAX compilation (module fixture).
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import juju
@@ -112,6 +114,22 @@ def act(i, x):
     return lax.switch(i, [jnp.tanh, jax.nn.relu, jax.nn.gelu], x)
 
 
+# --- no result shares memory with an argument (issue 15) -----------------------
+
+ALIASING = {  # outputs MAX hands back in the input's memory
+    "identity": lambda x: x,
+    "times_one": lambda x: x * 1.0,
+    "plus_zero": lambda x: x + 0,
+    "reshape": lambda x: x.reshape(2, 2),
+    "slice": lambda x: x[1:],
+    "tree": lambda x: {"a": x, "b": (x.reshape(4, 1), x * 2)},
+}
+aliasing_jit = {name: juju.jit(fn) for name, fn in ALIASING.items()}
+identity_jnp = juju.jit(lambda x: x, coerces_to_jnp=True)
+identity_symbolic = juju.jit(lambda x: x * 1.0, polymorphic_shapes=("n",))
+BIG = jnp.arange(1 << 15, dtype=jnp.float32)  # over 64 KiB: passed by DLPack, zero-copy
+ARANGE4 = np.arange(4, dtype=np.float32)
+
 X3, Y3, X5 = f32(3), f32(3), f32(5)
 PARAMS = {"w": f32(4, 2), "b": f32(2)}
 XB, YB = f32(6, 4), f32(6, 2)
@@ -134,6 +152,8 @@ CASES = [
     (newton_sqrt, (POSITIVE,), {}),
     (act, (1, X3), {}),
     (readme_jit, (X3, 1.0), {}),  # the Compiled object below
+    *[(fn, (ARANGE4,), {}) for fn in aliasing_jit.values()],
+    (identity_jnp, (ARANGE4,), {}),
 ]
 
 
@@ -143,6 +163,10 @@ def compiled():
     # polymorphic_shapes: one symbolic graph for every b
     lowered.append(polymorphic_outer.lower(
         *jax.export.symbolic_args_specs((X3, Y3), ("b", "b"))))
+    lowered.append(aliasing_jit["identity"].lower(BIG))
+    # sort_sum's graphs: its threads' first calls then load them from the cache
+    lowered += [juju.jit(sort_sum).lower(x) for x in THREAD_INPUTS]
+    lowered.append(identity_symbolic.lower(*jax.export.symbolic_args_specs((ARANGE4,), ("n",))))
     return dict(zip([id(fn) for fn, _, _ in CASES], juju.compile_all(lowered)))
 
 
@@ -318,3 +342,137 @@ def test_compiled_takes_the_non_static_arguments_as_jax(compiled):
         fn(X3, 3)
     scaled_fn = compiled[id(scaled_names)]
     assert_same(scaled_fn(X3), jnp.tanh(X3) * 2.0)
+
+
+# --- outputs never alias inputs (issue 15) ------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(ALIASING))
+def test_writing_into_the_argument_leaves_the_result_alone(name):
+    a = np.arange(4, dtype=np.float32)
+    expected = jax.jit(ALIASING[name])(a)
+    out = aliasing_jit[name](a)
+    a[:] = 99  # the caller reuses its array
+    assert_same(out, expected)
+    out = aliasing_jit[name](a)
+    for leaf in jax.tree.leaves(out):
+        juju.to_numpy(leaf)[...] = -1  # writing into a result leaves the argument alone
+    assert (a == 99).all()
+
+
+def test_coerced_results_do_not_alias_numpy_arguments():
+    a = np.arange(4, dtype=np.float32)
+    out = identity_jnp(a)
+    a[0] = 99
+    assert isinstance(out, jax.Array)
+    assert_same(out, np.arange(4, dtype=np.float32))
+
+
+def test_results_do_not_alias_a_jax_array_argument():
+    before = np.array(BIG)
+    out = aliasing_jit["identity"](BIG)
+    juju.to_numpy(out)[:] = -1
+    np.testing.assert_array_equal(np.asarray(BIG), before)
+
+
+def test_results_of_a_symbolic_graph_do_not_alias():
+    for n in (4, 6):
+        a = np.arange(n, dtype=np.float32)
+        out = identity_symbolic(a)
+        a[:] = 99
+        assert_same(out, np.arange(n, dtype=np.float32))
+    assert identity_symbolic.compile_count == 1
+
+
+# --- concurrent first calls (issue 15) ----------------------------------------------
+
+
+def sort_sum(x):
+    return jnp.sort(x * 3 - 1) + x.sum()
+
+
+THREAD_INPUTS = [f32(5), f32(7), f32(3, 4)]
+
+
+def run_in_threads(work, n):
+    """Run work(i) in n threads started at once; re-raise the first failure."""
+    barrier = threading.Barrier(n)
+    results, errors = [None] * n, []
+
+    def target(i):
+        try:
+            barrier.wait()
+            results[i] = work(i)
+        except BaseException as exc:  # noqa: BLE001  (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def test_concurrent_first_calls_trace_and_compile_once_per_signature():
+    h = juju.jit(sort_sum)  # fresh: every thread's first call is a miss
+
+    def work(i):
+        order = THREAD_INPUTS[i % 3:] + THREAD_INPUTS[:i % 3]
+        return [(x, h(x)) for x in order]
+
+    for per_thread in run_in_threads(work, 8):
+        for x, out in per_thread:
+            assert_same(out, jax.jit(sort_sum)(x))
+    assert (h.trace_count, h.compile_count) == (3, 3)
+
+
+def test_lower_and_compile_all_from_threads(monkeypatch):
+    # No persistent cache: each thread's miss builds a MAX Module and compiles,
+    # which failed outside the main thread ("No MLIR context active").
+    monkeypatch.setenv("JUJU_DISABLE_CACHE", "1")
+
+    def cos2(x):
+        return jnp.cos(x) * 2
+
+    fn = juju.jit(cos2)
+    x, y = THREAD_INPUTS[0], THREAD_INPUTS[1]
+
+    def work(i):
+        if i % 2:
+            juju.compile_all([fn.lower(x), fn.lower(y)])
+        return fn(x), fn(y)
+
+    for out_x, out_y in run_in_threads(work, 4):
+        assert_same(out_x, jax.jit(cos2)(x))
+        assert_same(out_y, jax.jit(cos2)(y))
+    assert fn.trace_count == 2 and fn.compile_count == 2
+
+
+# --- the AOT objects as jax's (issue 18) ----------------------------------------------
+
+
+def test_lowered_and_compiled_describe_their_arguments_as_jax(compiled):
+    def tree_fn(d, n):
+        return {"o": d["a"] * n, "s": d["a"].sum()}
+
+    args = ({"a": X3},)
+    ours = compiled[id(power_outer_static)].lowered
+    theirs = jax.jit(jax.jit(power), static_argnums=1).lower(X3, 3)
+    assert ours.in_tree == theirs.in_tree
+    assert ours.out_info == theirs.out_info
+    assert jax.tree.map(lambda i: (i.shape, i.dtype, i.donated), ours.args_info) == \
+        jax.tree.map(lambda i: (i.shape, i.dtype, i.donated), theirs.args_info)
+    assert ours.cost_analysis() is None  # MAX reports no cost estimate
+    assert "mo.graph" in ours.as_text()
+    fn = compiled[id(power_outer_static)]
+    assert (fn.in_tree, fn.out_tree, fn.out_info) == (ours.in_tree, ours.out_tree, ours.out_info)
+    # eval_shape: a trace, no lowering
+    tree_jit = juju.jit(tree_fn, static_argnums=1)
+    assert tree_jit.eval_shape(*args, 2.0) == jax.jit(tree_fn, static_argnums=1).eval_shape(
+        *args, 2.0)
+    structs = (jax.ShapeDtypeStruct((3,), jnp.float32),)
+    assert readme_jit.eval_shape(*structs, 1.0) == jax.jit(readme).eval_shape(*structs, 1.0)
+    assert tree_jit.compile_count == 0 and not hasattr(tree_jit, "trace")  # jax's name, unused
