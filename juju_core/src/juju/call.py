@@ -98,7 +98,7 @@ def call_traced(fn, args, kwargs):
     cache = _traces.setdefault(fn, {})
     entry = cache.get(key)
     if entry is None:
-        entry = fn.trace(treedef, statics, avals)
+        entry = fn._trace_to_jaxpr(treedef, statics, avals)
         if not any(is_tracer(c) for c in entry[0].consts):  # closed-over tracers: retrace
             cache[key] = entry
     closed, out_tree = entry

@@ -7,19 +7,20 @@ engine and the registry generation. A hit neither re-traces nor re-lowers.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import itertools
+import logging
 import math
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 from jax import tree_util
-
-import logging
 
 from juju import cache, plugins
 from juju import call as _call  # registers juju_call_p and its rules
@@ -30,6 +31,7 @@ from juju._compat import (
     dce,
     is_complex_dtype,
     is_key_dtype,
+    is_tracer,
     key_impl,
     python_scalar_dtype,
 )
@@ -39,6 +41,7 @@ from juju.dtypes import (
     is_symbolic_dim,
     max_dtype,
     numpy_dtype,
+    physical_aval,
 )
 from juju.engine import Engine, cpu_engine
 from juju.errors import JujuError
@@ -192,6 +195,14 @@ def _max_driver():
     return driver
 
 
+try:  # the address of a buffer's memory (private in MAX 26.7, hence the guard)
+    from max.driver import Buffer as _Buffer
+
+    _data_ptr = _Buffer._data_ptr
+except (ImportError, AttributeError):
+    _data_ptr = None
+
+
 def _buffer_from_scalar(leaf, dtype, device):
     buffer = _host_buffer(np.array(leaf, dtype))
     return buffer if buffer.device == device else buffer.to(device)
@@ -233,8 +244,9 @@ class Executable:
     """A loaded MAX model plus how to feed it and rebuild the output pytree."""
 
     def __init__(self, model, in_dtypes, out_tree, coerces_to_jnp, device, out_key_impls=(),
-                 out_complex=()):
+                 out_complex=(), in_nbytes=None):
         self.model = model
+        self.in_nbytes = in_nbytes  # bytes of each input buffer; None: shapes vary
         self.out_key_impls = out_key_impls  # (output index, PRNG impl) of key outputs
         self.out_complex = out_complex  # (output index, complex dtype): float pairs in MAX
         self.in_dtypes = in_dtypes
@@ -251,6 +263,7 @@ class Executable:
         device = self.device
         buffers = [_to_buffer(x, d, device) for x, d in zip(leaves, self.in_dtypes)]
         outs = self._execute(buffers)
+        _unshare(outs, buffers, self.in_nbytes)
         if self.coerces_to_jnp:
             outs = [to_jax(o) for o in outs]
         for i, impl in self.out_key_impls:
@@ -258,6 +271,44 @@ class Executable:
         for i, dtype in self.out_complex:
             outs[i] = jax.numpy.asarray(complex_from_parts(to_numpy(outs[i]), dtype))
         return tree_util.tree_unflatten(self.out_tree, outs)
+
+
+def _unshare(outs: list, inputs: list, in_nbytes) -> None:
+    """Copy each output that MAX handed back in an input's memory.
+
+    MAX returns an input's own buffer, or a view into it, for outputs it can
+    alias: identities, reshapes, slices, same-dtype casts and broadcasts, and
+    ops it folds away (`x * 1.0`, `x + 0`). Inputs are zero-copy views of the
+    caller's numpy and jax arrays, and results must not change when the
+    caller writes into those (JAX arrays are immutable), so such outputs are
+    copied; the others never are.
+    """
+    if _data_ptr is None:  # a MAX without the address accessor: copy all
+        outs[:] = [o.copy() for o in outs]
+        return
+    if in_nbytes is None:
+        in_nbytes = [b.num_elements * b.element_size for b in inputs]
+    spans = [(_data_ptr(b), n) for b, n in zip(inputs, in_nbytes) if n]
+    copied = None
+    for i, out in enumerate(outs):
+        address = _data_ptr(out)
+        for start, size in spans:
+            if start <= address < start + size:
+                outs[i] = copied = out.copy()
+                break
+    if copied is not None:  # MAX copies asynchronously: done before the caller writes
+        copied.device.synchronize()
+
+
+def _input_nbytes(closed_jaxpr) -> tuple | None:
+    """Bytes of each MAX input buffer of a graph; None if a shape is symbolic."""
+    sizes = []
+    for aval in closed_jaxpr.in_avals:
+        physical = physical_aval(aval)
+        if any(is_symbolic_dim(d) for d in physical.shape):
+            return None
+        sizes.append(math.prod(physical.shape) * np.dtype(physical.dtype).itemsize)
+    return tuple(sizes)
 
 
 def to_numpy(value) -> np.ndarray:
@@ -297,6 +348,27 @@ class Lowered:
     kernel_names: frozenset
     name: str
 
+    @property
+    def in_tree(self):
+        """The pytree structure of the non-static `(args, kwargs)`, as jax's."""
+        return self.key[0]
+
+    @property
+    def args_info(self):
+        """`jax.stages.ArgInfo` (shape, dtype; never donated) of each non-static
+        argument, in the pytree of `(args, kwargs)`, as jax's."""
+        infos = [jax.stages.ArgInfo(aval, False) for aval in self.closed_jaxpr.in_avals]
+        return tree_util.tree_unflatten(self.in_tree, infos)
+
+    @property
+    def out_info(self):
+        """`jax.ShapeDtypeStruct` of each output, in the output pytree, as jax's."""
+        return tree_util.tree_unflatten(self.out_tree, _structs(self.closed_jaxpr.out_avals))
+
+    def cost_analysis(self) -> None:
+        """None: MAX reports no cost estimate for a graph (jax's XLA reports
+        flops and bytes; MAX 26.7 exposes nothing comparable)."""
+
     @functools.cached_property
     def out_key_impls(self) -> tuple:
         return tuple(
@@ -328,9 +400,16 @@ class Lowered:
             module=module,
         )
 
-    @functools.cached_property
+    @property
     def graph(self):
-        return self.build_graph()
+        """The MAX graph, built once (by one thread: see `_max_building`)."""
+        graph = self.__dict__.get("_graph")
+        if graph is None:
+            with _max_building():
+                graph = self.__dict__.get("_graph")
+                if graph is None:
+                    graph = self.__dict__["_graph"] = self.build_graph()
+        return graph
 
     def as_text(self) -> str:
         return str(self.graph)
@@ -340,17 +419,98 @@ class Lowered:
 
 
 class Compiled:
-    """A loaded model for one signature; call it with the same arguments."""
+    """A loaded model for one signature. As jax's `Compiled`, it is called
+    with the non-static arguments only, of the types it was compiled for
+    (weak types aside); other types raise TypeError, never recompile."""
 
     def __init__(self, lowered: Lowered, executable: Executable):
         self.lowered = lowered
         self.executable = executable
 
     def __call__(self, *args, **kwargs):
-        return self.lowered.jit_function(*args, **kwargs)
+        lowered = self.lowered
+        fn = lowered.jit_function
+        leaves, treedef = tree_util.tree_flatten((args, kwargs))
+        if treedef != lowered.in_tree:
+            raise TypeError(
+                f"juju.jit({fn.__name__}): Compiled function was compiled for arguments "
+                f"with pytree structure {lowered.in_tree} but called with {treedef}. A "
+                "Compiled object takes the non-static arguments only, as jax's does."
+            )
+        try:
+            called = [_signature(x) for x in leaves]
+        except _TracerSeen:
+            raise TypeError(
+                f"juju.jit({fn.__name__}): a Compiled object runs on concrete arrays; under "
+                "a JAX transformation, call the juju.jit function itself."
+            ) from None
+        compiled = lowered.closed_jaxpr.in_avals
+        if any(not _same_type(a, c) for a, c in zip(compiled, called)):
+            names = _argument_names(fn, args, kwargs)
+            mismatches = "\n".join(
+                f"  Argument '{name}' compiled with {_type_str(a.shape, a.dtype)} and called "
+                f"with {_type_str(c[0], c[1])}"
+                for name, a, c in zip(names, compiled, called) if not _same_type(a, c)
+            )
+            raise TypeError(
+                f"juju.jit({fn.__name__}): argument types differ from the types for which "
+                "this computation was compiled (a Compiled object never recompiles: call "
+                f"the juju.jit function for other types). The mismatches are:\n{mismatches}"
+            )
+        return self.executable.run(leaves)
 
     def as_text(self) -> str:
         return self.lowered.as_text()
+
+    @property
+    def in_tree(self):
+        return self.lowered.in_tree
+
+    @property
+    def out_tree(self):
+        return self.lowered.out_tree
+
+    @property
+    def args_info(self):
+        return self.lowered.args_info
+
+    @property
+    def out_info(self):
+        return self.lowered.out_info
+
+    def cost_analysis(self) -> None:
+        return self.lowered.cost_analysis()
+
+
+def _same_type(aval, signature) -> bool:
+    shape, dtype, _ = signature  # weak types may differ, as in jax
+    return aval.dtype == dtype and len(aval.shape) == len(shape) and all(
+        is_symbolic_dim(d) or d == n for d, n in zip(aval.shape, shape)
+    )
+
+
+def _type_str(shape, dtype) -> str:
+    name = str(dtype) if is_key_dtype(dtype) else np.dtype(dtype).name
+    return f"{name}[{','.join(map(str, shape))}]"
+
+
+def _argument_names(fn: JitFunction, args, kwargs) -> list[str]:
+    """A name per leaf of the non-static `(args, kwargs)`, as `x` or `params['w']`."""
+    try:
+        params = [p.name for p in inspect.signature(fn.fun).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    dynamic = [name for i, name in enumerate(params) if i not in fn.static_argnums]
+    names = []
+    for path, _ in tree_util.tree_flatten_with_path((args, kwargs))[0]:
+        where, key, rest = path[0].idx, path[1], tree_util.keystr(path[2:])
+        if where == 1:
+            names.append(f"{key.key}{rest}")
+        else:
+            name = dynamic[key.idx] if key.idx < len(dynamic) else f"args[{key.idx}]"
+            names.append(f"{name}{rest}")
+    return names
 
 
 def compile_all(lowered: Sequence[Lowered]) -> list[Compiled]:
@@ -361,19 +521,38 @@ def compile_all(lowered: Sequence[Lowered]) -> list[Compiled]:
     cache (`juju.cache`) are loaded from it instead. Each result is placed in
     its function's jit cache, so later calls with the same signature hit.
     """
-    pending = [low for low in lowered if low.key not in low.jit_function._cache]
-    by_engine: dict[Engine, list[Lowered]] = {}
-    for low in pending:
-        by_engine.setdefault(low.jit_function.engine, []).append(low)
-    for engine, group in by_engine.items():
-        for low, model in zip(group, _models_for(engine, group), strict=True):
-            fn = low.jit_function
-            fn.compile_count += 1
-            fn._cache[low.key] = Executable(
-                model, low.in_dtypes, low.out_tree, fn.coerces_to_jnp, engine.device,
-                low.out_key_impls, low.out_complex,
-            )
-    return [Compiled(low, low.jit_function._cache[low.key]) for low in lowered]
+    with _max_building():  # one compile at a time; a graph compiled meanwhile is not redone
+        pending = [low for low in lowered if low.key not in low.jit_function._cache]
+        by_engine: dict[Engine, list[Lowered]] = {}
+        for low in pending:
+            by_engine.setdefault(low.jit_function.engine, []).append(low)
+        for engine, group in by_engine.items():
+            for low, model in zip(group, _models_for(engine, group), strict=True):
+                fn = low.jit_function
+                fn.compile_count += 1
+                fn._cache[low.key] = Executable(
+                    model, low.in_dtypes, low.out_tree, fn.coerces_to_jnp, engine.device,
+                    low.out_key_impls, low.out_complex, _input_nbytes(low.closed_jaxpr),
+                )
+        return [Compiled(low, low.jit_function._cache[low.key]) for low in lowered]
+
+
+# MAX keeps its MLIR context per thread and enters it for the main thread only:
+# building a Module or compiling in another thread fails ("No MLIR context
+# active"). Graph building and compiling also share state in MAX, so they run
+# one thread at a time, in that context; calls that hit the jit cache never
+# take this lock.
+_max_lock = threading.RLock()
+
+
+@contextlib.contextmanager
+def _max_building():
+    try:  # private in MAX 26.7: where it is missing, the main thread still works
+        from max._mlir_context import ensure_default_mlir_context
+    except ImportError:
+        ensure_default_mlir_context = contextlib.nullcontext
+    with _max_lock, ensure_default_mlir_context():
+        yield
 
 
 def _models_for(engine: Engine, group: list[Lowered]) -> list:
@@ -422,16 +601,23 @@ class JitFunction:
         self.polymorphic_shapes = polymorphic_shapes
         # symbolic signature -> Executable, or _PER_SHAPE when it cannot be built
         self._symbolic: dict[tuple, Any] = {}
-        self.engine = engine if engine is not None else cpu_engine()
+        self.engine = _checked_engine(engine)
         self.static_argnums, self.static_argnames = _resolve_statics(
             fun, static_argnums, static_argnames
         )
         self._has_statics = bool(self.static_argnums or self.static_argnames)
         self._cache: dict[tuple, Executable] = {}
         self._lowered: dict[tuple, Lowered] = {}
+        self._key_locks: dict[tuple, threading.RLock] = {}  # signature -> its first call's lock
+        self._key_locks_guard = threading.Lock()
         self.trace_count = 0  # times traced to a Jaxpr (once per new signature)
         self.compile_count = 0  # executables loaded for this function
-        functools.update_wrapper(self, fun)
+        functools.update_wrapper(self, fun, updated=())
+        # The user function's attributes, but never those of a wrapped
+        # JitFunction: its options and caches are not this jit's (issue 19).
+        user_fun = inspect.unwrap(fun, stop=lambda g: not isinstance(g, JitFunction))
+        for name, value in getattr(user_fun, "__dict__", {}).items():
+            self.__dict__.setdefault(name, value)
 
     def __repr__(self):
         return f"juju.jit({getattr(self.fun, '__qualname__', self.fun)})"
@@ -478,12 +664,28 @@ class JitFunction:
         key = (treedef, statics, signature, plugins.generation())
         executable = self._cache.get(key)
         if executable is None:
-            if self.polymorphic_shapes is not None:
+            executable = self._first_call(key, dyn_args)
+        return executable.run(leaves)
+
+    def _key_lock(self, key) -> threading.RLock:
+        with self._key_locks_guard:
+            lock = self._key_locks.get(key)
+            if lock is None:
+                lock = self._key_locks[key] = threading.RLock()
+            return lock
+
+    def _first_call(self, key, dyn_args) -> Executable:
+        """Trace, lower and compile for a new signature, once: concurrent
+        first calls with that signature wait for the first one's result."""
+        treedef, statics, signature, _ = key
+        with self._key_lock(key):
+            executable = self._cache.get(key)
+            if executable is None and self.polymorphic_shapes is not None:
                 executable = self._symbolic_executable(key, dyn_args)
             if executable is None:
                 self._lower(key, treedef, statics, _avals(signature)).compile()
-            executable = self._cache[key]
-        return executable.run(leaves)
+                executable = self._cache[key]
+        return executable
 
     def _symbolic_executable(self, key, dyn_args):
         """The executable compiled once for `polymorphic_shapes`, now also
@@ -493,22 +695,36 @@ class JitFunction:
         shapes = _symbolic_shapes(self, dyn_args, signature)
         symbolic = tuple((s, d, w) for s, (_, d, w) in zip(shapes, signature))
         skey = _cache_key(treedef, statics, symbolic)
-        executable = self._symbolic.get(skey) or self._cache.get(skey)
-        if executable is None:
-            try:
-                lowered = self._lower(skey, treedef, statics, _avals(symbolic))
-                lowered.graph  # rules that need static shapes fail here
-                executable = lowered.compile().executable
-            except Exception as exc:  # noqa: BLE001  (any failure: compile per shape)
-                log.info("juju: %s: not lowered with symbolic shapes (%s); compiling for "
-                         "each shape", getattr(self.fun, "__name__", "fn"),
-                         str(exc).splitlines()[0][:200])
-                executable = _PER_SHAPE
-            self._symbolic[skey] = executable
+        with self._key_lock(skey):  # concrete signatures of one symbolic one
+            executable = self._symbolic.get(skey) or self._cache.get(skey)
+            if executable is None:
+                try:
+                    lowered = self._lower(skey, treedef, statics, _avals(symbolic))
+                    lowered.graph  # rules that need static shapes fail here
+                    executable = lowered.compile().executable
+                except Exception as exc:  # noqa: BLE001  (any failure: compile per shape)
+                    log.info("juju: %s: not lowered with symbolic shapes (%s); compiling for "
+                             "each shape", getattr(self.fun, "__name__", "fn"),
+                             str(exc).splitlines()[0][:200])
+                    executable = _PER_SHAPE
+                self._symbolic[skey] = executable
         if executable is _PER_SHAPE:
             return None
         self._cache[key] = executable
         return executable
+
+    def eval_shape(self, *args, **kwargs):
+        """The output pytree of `jax.ShapeDtypeStruct`s for these arguments
+        (arrays or `jax.ShapeDtypeStruct`s), as `jax.jit(f).eval_shape`: a
+        trace, no lowering, no compile."""
+        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
+        leaves, treedef = tree_util.tree_flatten((dyn_args, dyn_kwargs))
+        if any(map(is_tracer, leaves)):  # under a JAX transformation
+            avals = _structs(map(jax.typeof, leaves))
+        else:
+            avals = _avals(tuple(map(_signature, leaves)))
+        closed, out_tree = self._trace_to_jaxpr(treedef, statics, avals)
+        return tree_util.tree_unflatten(out_tree, _structs(closed.out_avals))
 
     def lower(self, *args, **kwargs) -> Lowered:
         """Trace and lower for these arguments (arrays or jax.ShapeDtypeStruct).
@@ -528,11 +744,18 @@ class JitFunction:
         lowered = self._lowered.get(key)
         if lowered is not None:
             return lowered
-        closed, out_tree = self.trace(treedef, statics, avals)
+        with self._key_lock(key):  # one trace per signature, whichever thread lowers
+            lowered = self._lowered.get(key)
+            if lowered is None:
+                lowered = self._lowered[key] = self._new_lowered(key, treedef, statics, avals)
+        return lowered
+
+    def _new_lowered(self, key, treedef, statics, avals) -> Lowered:
+        closed, out_tree = self._trace_to_jaxpr(treedef, statics, avals)
         closed = apply_rewrites(dce(closed))  # dead code first: rewrites match cleaner
         registry = plugins.registry()
         required = check_rules(closed, registry, self.engine.device_ref)
-        lowered = Lowered(
+        return Lowered(
             jit_function=self,
             key=key,
             closed_jaxpr=closed,
@@ -541,10 +764,8 @@ class JitFunction:
             kernel_names=frozenset(required),
             name=_graph_name(self.fun),
         )
-        self._lowered[key] = lowered
-        return lowered
 
-    def trace(self, treedef, statics, avals):
+    def _trace_to_jaxpr(self, treedef, statics, avals):
         """(ClosedJaxpr, output treedef) of the function on flat `avals`, with
         the static argument values put back in place."""
         static_positional = {i: v for i, v in statics if isinstance(i, int)}
@@ -572,6 +793,10 @@ class JitFunction:
 
 
 _PER_SHAPE = object()  # marks a symbolic signature that could not be lowered
+
+
+def _structs(avals) -> list:
+    return [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
 
 
 def _avals(signature) -> list:
@@ -623,16 +848,43 @@ def _graph_name(fun) -> str:
     return f"{base}_{next(_graph_ids)}"
 
 
+def _checked_engine(engine) -> Engine:
+    if engine is None:
+        return cpu_engine()
+    if isinstance(engine, Engine):
+        return engine
+    name = getattr(engine, "__name__", None)
+    if callable(engine) and name:  # engine=juju.gpu_engine: the factory, not called
+        got = f"the function {name}; call it: engine=juju.{name}()"
+    else:
+        got = f"{type(engine).__name__} {engine!r}"
+    raise TypeError(
+        f"juju.jit: engine must be a juju.Engine, such as juju.cpu_engine() or "
+        f"juju.gpu_engine(0), got {got}"
+    )
+
+
 def _resolve_statics(fun, static_argnums, static_argnames):
     if isinstance(static_argnums, int):
         static_argnums = (static_argnums,)
     if isinstance(static_argnames, str):
         static_argnames = (static_argnames,)
-    nums, names = set(static_argnums or ()), set(static_argnames or ())
+    static_argnums, static_argnames = tuple(static_argnums or ()), tuple(static_argnames or ())
+    for n in static_argnums:
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise TypeError(f"juju.jit: static_argnums must be ints, got {n!r}")
+    for n in static_argnames:
+        if not isinstance(n, str):
+            raise TypeError(f"juju.jit: static_argnames must be strings, got {n!r}")
+    nums, names = set(static_argnums), set(static_argnames)
     try:
-        params = list(inspect.signature(fun).parameters.values())
-    except (TypeError, ValueError):
-        params = []
+        signature = inspect.signature(fun)
+    except (TypeError, ValueError):  # some builtins: no check, as in jax
+        signature = None
+    params = list(signature.parameters.values()) if signature is not None else []
+    if signature is not None:
+        _validate_argnums(params, static_argnums)
+        _validate_argnames(params, static_argnames)
     positional = [
         p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
@@ -649,6 +901,33 @@ def _resolve_statics(fun, static_argnums, static_argnames):
         if p.name in names:
             resolved.add(i)
     return frozenset(resolved), frozenset(names)
+
+
+# jax.jit's checks and messages (jax/_src/api_util.py), so that code moving
+# between jax.jit and juju.jit fails the same way.
+
+
+def _validate_argnums(params, argnums) -> None:
+    if any(p.kind is p.VAR_POSITIONAL for p in params):  # *args: any index
+        return
+    n_positional = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+    if argnums and (-min(argnums) > n_positional or max(argnums) >= n_positional):
+        raise ValueError(f"Jitted function has static_argnums={argnums}, "
+                         f"but only accepts {n_positional} positional arguments.")
+
+
+def _validate_argnames(params, argnames) -> None:
+    positional_only = {p.name for p in params
+                       if p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL)}
+    if invalid := positional_only & set(argnames):
+        raise ValueError(f"Jitted function has invalid argnames {invalid} "
+                         "in static_argnames. These are positional-only")
+    if any(p.kind is p.VAR_KEYWORD for p in params):  # **kwargs: any name
+        return
+    keywords = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if invalid := set(argnames) - keywords:
+        raise ValueError(f"Jitted function has invalid argnames {invalid} "
+                         "in static_argnames. Function does not take these args.")
 
 
 def jit(
@@ -688,6 +967,7 @@ def jit(
 
 def make_max_graph(f: Callable, *, engine: Engine | None = None, **jit_kwargs):
     """`make_max_graph(f)(*args)` returns the MAX graph (print it for its text)."""
+    _checked_engine(engine)  # fail here, not at the first call
 
     @functools.wraps(f)
     def build(*args, **kwargs):
