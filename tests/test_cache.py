@@ -31,7 +31,8 @@ PROGRAM = textwrap.dedent(
 
 def run(cache_dir: Path, **env) -> dict:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("JUJU_")}
-    environment.update(JUJU_CACHE_DIR=str(cache_dir), **env)
+    # Not tiered: the program must wait for its MAX compile (tests/conftest.py).
+    environment.update(JUJU_CACHE_DIR=str(cache_dir), JUJU_TIERED="0", **env)
     result = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True,
                             env=environment, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
