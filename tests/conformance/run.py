@@ -24,6 +24,8 @@ import time
 from collections import Counter, deque
 from pathlib import Path
 
+os.environ["JUJU_TIERED"] = "0"  # measure MAX, never the XLA tier (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "tests" / "conformance" / "results.json"
 KNOWN_GAPS = ROOT / "tests" / "conformance" / "known_gaps.json"

@@ -3,6 +3,8 @@
     python -m juju                 # packs, versions, rule counts, load errors
     python -m juju which sin       # the rules for a primitive, winner first
     python -m juju rules [PACK]    # every primitive a pack lowers
+    python -m juju precompile pkg.module:fn --shapes float32[128,784] float32[784]
+                                   # compile into the persistent cache ahead of time
 """
 
 from __future__ import annotations
@@ -18,7 +20,18 @@ def main(argv=None) -> int:
     which.add_argument("primitive")
     rules_cmd = sub.add_parser("rules", help="list the primitives each pack lowers")
     rules_cmd.add_argument("pack", nargs="?")
+    pre = sub.add_parser("precompile", help="compile a function into juju's persistent cache")
+    pre.add_argument("function", help="pkg.module:name, a function or a juju.jit function")
+    given = pre.add_mutually_exclusive_group(required=True)
+    given.add_argument("--shapes", nargs="+", metavar="DTYPE[DIMS]",
+                       help="one array per positional argument, e.g. float32[128,784] int32[]")
+    given.add_argument("--args", metavar="pkg.module:name",
+                       help="a callable returning the positional arguments (a tuple of arrays "
+                            "or jax.ShapeDtypeStruct pytrees)")
     args = parser.parse_args(argv)
+
+    if args.command == "precompile":
+        return _precompile(args)
 
     from juju import plugins
 
@@ -57,6 +70,54 @@ def main(argv=None) -> int:
         libs = f"  kernels: {', '.join(info.libraries)}" if info.libraries else ""
         print(f"{info.name:<8} {info.version:<10} {info.rule_count:>5}  {info.origin}{libs}{status}")
     print(f"{len(registry.primitives())} primitives lowered; registry {registry.fingerprint}")
+    return 0
+
+
+def _resolve(target: str):
+    import importlib
+
+    module, sep, name = target.partition(":")
+    if not sep or not name:
+        raise SystemExit(f"juju precompile: expected pkg.module:name, got {target!r}")
+    value = importlib.import_module(module)
+    for part in name.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _spec(text: str):
+    import re
+
+    import jax
+    import jax.numpy as jnp
+
+    match = re.fullmatch(r"\s*(\w+)\s*\[([\d,\s]*)\]\s*", text)
+    if match is None:
+        raise SystemExit(f"juju precompile: bad shape {text!r}; write e.g. float32[128,784] "
+                         "or int32[] for a scalar")
+    dims = tuple(int(d) for d in match[2].replace(" ", "").split(",") if d)
+    return jax.ShapeDtypeStruct(dims, jnp.dtype(match[1]))
+
+
+def _precompile(args) -> int:
+    import time
+
+    import juju
+    from juju import cache
+    from juju.jit import JitFunction
+
+    if not cache.enabled():
+        print("juju precompile: the persistent cache is disabled (JUJU_DISABLE_CACHE)",
+              file=sys.stderr)
+        return 2
+    fn = _resolve(args.function)
+    if not isinstance(fn, JitFunction):
+        fn = juju.jit(fn)
+    arguments = [_spec(s) for s in args.shapes] if args.shapes else _resolve(args.args)()
+    start = time.perf_counter()
+    juju.compile_all([fn.lower(*arguments)])
+    print(f"juju: {args.function} is in the persistent cache ({cache.directory()}), "
+          f"{time.perf_counter() - start:.1f} s")
     return 0
 
 

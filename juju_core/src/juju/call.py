@@ -24,6 +24,8 @@ executable can be shared between Jaxprs that print the same.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import weakref
 
 import jax
@@ -33,7 +35,6 @@ from jax import tree_util
 from juju import _structural
 from juju._compat import (
     ClosedJaxpr,
-    sub_jaxprs_of_params,
     JaxPrimitive,
     ad_jvp_jaxpr,
     ad_Zero,
@@ -43,6 +44,7 @@ from juju._compat import (
     jaxpr_as_fun,
     partial_eval_jaxpr_nounits,
     register_transformation_rules,
+    sub_jaxprs_of_params,
 )
 
 juju_call_p = JaxPrimitive("juju_call")
@@ -127,7 +129,8 @@ def runner(jaxpr: ClosedJaxpr, engine, name):
 
             fun = jaxpr_as_fun(jaxpr)
             fun.__name__ = f"juju_call_{name}"
-            found = _runners_by_text[key] = jit(fun, engine=engine)
+            # Not tiered: XLA's host callbacks run these, and must not call jax.
+            found = _runners_by_text[key] = jit(fun, engine=engine, tiered=False)
         _runners_by_jaxpr[jaxpr] = found
     return found
 
@@ -186,7 +189,23 @@ def _host_callback(*arrays, jaxpr, engine, name):
     return [np.asarray(to_numpy(o)).reshape(a.shape) for o, a in zip(outs, jaxpr.out_avals)]
 
 
+_inline = contextvars.ContextVar("juju_inline_on_xla", default=False)
+
+
+@contextlib.contextmanager
+def inline_on_xla():
+    """While set, `jax.jit` lowers juju_call by inlining its Jaxpr, not by a
+    callback to MAX: the XLA tier (juju/tiers.py) runs whole programs on XLA."""
+    token = _inline.set(True)
+    try:
+        yield
+    finally:
+        _inline.reset(token)
+
+
 def _xla_implementation(*args, jaxpr, engine, name):
+    if _inline.get():
+        return jaxpr_as_fun(jaxpr)(*args)
     result = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in jaxpr.out_avals]
 
     def host(*arrays):

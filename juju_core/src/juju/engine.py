@@ -8,29 +8,12 @@ device, and every load goes through `Engine.load_all`.
 from __future__ import annotations
 
 import hashlib
-import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
 
 from juju.errors import CompileError, EngineUnavailableError
-
-log = logging.getLogger("juju")
-
-
-def _default_logging() -> None:
-    """Show compile progress on stderr unless the application configured
-    logging itself. `JUJU_LOG_LEVEL=WARNING` silences it."""
-    if log.handlers or logging.getLogger().handlers:
-        return
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    log.addHandler(handler)
-    log.setLevel(os.environ.get("JUJU_LOG_LEVEL", "INFO").upper())
-
-
-_default_logging()
+from juju.logs import progress
 
 _sessions: dict[tuple[str, int], object] = {}
 _session_lock = threading.Lock()
@@ -79,9 +62,11 @@ class Engine:
 
         `custom_extensions` are the kernel libraries (`.mojoc` paths) the
         graphs' custom ops need: a Module does not carry them itself. Logs
-        (logger "juju", INFO) what was compiled when it took over a second.
-        MAX's compile errors keep their real reason in the message.
+        (logger "juju", INFO: `juju.logs.progress`) when the compile starts
+        and ends; `what` names the user's functions. MAX's compile errors keep
+        their real reason in the message.
         """
+        progress("juju: compiling %s for %s with MAX", what, self.kind)
         start = time.perf_counter()
         try:
             compiled = self.session.compile(
@@ -92,9 +77,8 @@ class Engine:
             raise CompileError(
                 f"MAX failed to compile {what} for {self.kind}:{self.index}: {reason}"
             ) from exc
-        elapsed = time.perf_counter() - start
-        if elapsed > 1.0:
-            log.info("juju: compiled %s for %s in %.1f s", what, self.kind, elapsed)
+        progress("juju: compiled %s for %s in %.1f s", what, self.kind,
+                 time.perf_counter() - start)
         return compiled
 
     def init_all(self, compiled) -> list:
@@ -112,6 +96,19 @@ class Engine:
 
 
 _loaded_mefs: dict[tuple, list] = {}
+
+
+def module_of(graphs):
+    """A `max.graph.Module` holding copies of `graphs` (each built in its own
+    module), to compile them in one MAX compilation without lowering again."""
+    from max import mlir
+    from max.graph import Module
+
+    module = Module()
+    body = mlir.Operation._CAPICreate(module.mlir_module._CAPIPtr).regions[0].blocks[0]
+    for graph in graphs:
+        graph._mlir_op.clone(ip=mlir.InsertionPoint(body))
+    return module
 
 
 def _device_identity(device) -> str:

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 from jax import tree_util
 
-from juju import cache, plugins
+from juju import cache, plugins, tiers
 from juju import call as _call  # registers juju_call_p and its rules
 from juju._compat import (
     PRNGKeyArray,
@@ -44,12 +44,13 @@ from juju.dtypes import (
     physical_aval,
 )
 from juju.engine import Engine, cpu_engine
+from juju.engine import module_of as engine_module_of
 from juju.errors import JujuError
 from juju.interpreter import build_graph, check_rules
+from juju.logs import describe, explain_miss, log
 from juju.rewrites import apply_rewrites
 
 _graph_ids = itertools.count()
-log = logging.getLogger("juju")
 
 
 # --- leaves: signature and conversion to MAX buffers -------------------------
@@ -267,7 +268,8 @@ class Executable:
         if self.coerces_to_jnp:
             outs = [to_jax(o) for o in outs]
         for i, impl in self.out_key_impls:
-            outs[i] = jax.random.wrap_key_data(to_jax(outs[i]), impl=impl)
+            data = outs[i] if self.coerces_to_jnp else to_jax(outs[i])  # already jax
+            outs[i] = jax.random.wrap_key_data(data, impl=impl)
         for i, dtype in self.out_complex:
             outs[i] = jax.numpy.asarray(complex_from_parts(to_numpy(outs[i]), dtype))
         return tree_util.tree_unflatten(self.out_tree, outs)
@@ -347,6 +349,7 @@ class Lowered:
     in_dtypes: list
     kernel_names: frozenset
     name: str
+    traced_jaxpr: Any = None  # before juju's rewrites: what the XLA tier runs (tiers.py)
 
     @property
     def in_tree(self):
@@ -519,8 +522,16 @@ def compile_all(lowered: Sequence[Lowered]) -> list[Compiled]:
     MAX's cost is mostly per compilation, not per graph: compiling N graphs
     together costs little more than one. Graphs found in juju's persistent
     cache (`juju.cache`) are loaded from it instead. Each result is placed in
-    its function's jit cache, so later calls with the same signature hit.
+    its function's jit cache, so later calls with the same signature hit. A
+    signature whose MAX compile already runs in the background (tiers.py)
+    is waited for, not compiled twice.
     """
+    for low in lowered:
+        tiers.wait(low.jit_function, {low.key})
+    return _load_executables(lowered)
+
+
+def _load_executables(lowered: Sequence[Lowered]) -> list[Compiled]:
     with _max_building():  # one compile at a time; a graph compiled meanwhile is not redone
         pending = [low for low in lowered if low.key not in low.jit_function._cache]
         by_engine: dict[Engine, list[Lowered]] = {}
@@ -534,6 +545,7 @@ def compile_all(lowered: Sequence[Lowered]) -> list[Compiled]:
                     model, low.in_dtypes, low.out_tree, fn.coerces_to_jnp, engine.device,
                     low.out_key_impls, low.out_complex, _input_nbytes(low.closed_jaxpr),
                 )
+                low.__dict__.pop("graph", None)  # compiled: free the MLIR (built again on demand)
         return [Compiled(low, low.jit_function._cache[low.key]) for low in lowered]
 
 
@@ -556,15 +568,20 @@ def _max_building():
 
 
 def _models_for(engine: Engine, group: list[Lowered]) -> list:
-    """Loaded models for `group`, from the persistent cache or one compile."""
-    from max.graph import Module
+    """Loaded models for `group`, from the persistent cache or one compile.
 
+    Each graph is lowered once (`Lowered.graph`): the cache key is computed
+    from that graph, and the misses are compiled from it.
+    """
+    graphs = [low.graph for low in group]
     models: list = [None] * len(group)
     keys: list = [None] * len(group)
     if cache.enabled():
-        for i, low in enumerate(group):
-            keys[i] = cache.graph_key(low.graph, engine.description, low.kernel_paths)
+        for i, (low, graph) in enumerate(zip(group, graphs)):
+            keys[i] = cache.graph_key(graph, engine.description, low.kernel_paths)
             hit = cache.lookup(keys[i])
+            log.debug("juju: persistent cache %s for %s (key %s)", "miss" if hit is None else
+                      "hit", describe(low.jit_function.fun), keys[i][:16])
             if hit is not None:
                 try:
                     models[i] = engine.load_mef(hit[0])[hit[1]]
@@ -572,11 +589,10 @@ def _models_for(engine: Engine, group: list[Lowered]) -> list:
                     log.warning("juju: cached model %s unusable (%s); recompiling", hit[0], exc)
     misses = [i for i, m in enumerate(models) if m is None]
     if misses:
-        module = Module()
-        for i in misses:
-            group[i].build_graph(module=module)
+        module = graphs[misses[0]].module if len(misses) == 1 else engine_module_of(
+            [graphs[i] for i in misses])
         extensions = sorted({str(p) for i in misses for p in group[i].kernel_paths})
-        names = [group[i].name for i in misses]
+        names = list(dict.fromkeys(describe(group[i].jit_function.fun) for i in misses))
         what = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
         compiled = engine.compile(module, what, custom_extensions=extensions)
         if cache.enabled():
@@ -595,8 +611,10 @@ class JitFunction:
     """The callable `juju.jit(f)` returns."""
 
     def __init__(self, fun, static_argnums, static_argnames, coerces_to_jnp, engine,
-                 polymorphic_shapes=None):
+                 polymorphic_shapes=None, tiered=None):
         self.fun = fun
+        self.tiered = tiered  # None: JUJU_TIERED, else by engine (tiers.enabled)
+        self._background: dict[tuple, tiers.Background] = {}  # signatures MAX compiles
         self.coerces_to_jnp = coerces_to_jnp
         self.polymorphic_shapes = polymorphic_shapes
         # symbolic signature -> Executable, or _PER_SHAPE when it cannot be built
@@ -610,8 +628,10 @@ class JitFunction:
         self._lowered: dict[tuple, Lowered] = {}
         self._key_locks: dict[tuple, threading.RLock] = {}  # signature -> its first call's lock
         self._key_locks_guard = threading.Lock()
+        self._last_key = None  # for the debug line explaining a cache miss
         self.trace_count = 0  # times traced to a Jaxpr (once per new signature)
         self.compile_count = 0  # executables loaded for this function
+        self.xla_call_count = 0  # calls the XLA tier served (tiers.py)
         functools.update_wrapper(self, fun, updated=())
         # The user function's attributes, but never those of a wrapped
         # JitFunction: its options and caches are not this jit's (issue 19).
@@ -664,7 +684,9 @@ class JitFunction:
         key = (treedef, statics, signature, plugins.generation())
         executable = self._cache.get(key)
         if executable is None:
-            executable = self._first_call(key, dyn_args)
+            if key not in self._background:
+                self._explain_miss(key)
+            return self._first_call(key, dyn_args, leaves)
         return executable.run(leaves)
 
     def _key_lock(self, key) -> threading.RLock:
@@ -674,18 +696,35 @@ class JitFunction:
                 lock = self._key_locks[key] = threading.RLock()
             return lock
 
-    def _first_call(self, key, dyn_args) -> Executable:
+    def _first_call(self, key, dyn_args, leaves):
         """Trace, lower and compile for a new signature, once: concurrent
-        first calls with that signature wait for the first one's result."""
+        first calls with that signature wait for the first one's result. A
+        tiered function answers from XLA while MAX compiles (tiers.py)."""
         treedef, statics, signature, _ = key
         with self._key_lock(key):
             executable = self._cache.get(key)
             if executable is None and self.polymorphic_shapes is not None:
                 executable = self._symbolic_executable(key, dyn_args)
             if executable is None:
-                self._lower(key, treedef, statics, _avals(signature)).compile()
+                lowered = self._lower(key, treedef, statics, _avals(signature))
+                if tiers.enabled(self):
+                    return tiers.call(self, lowered, leaves)
+                lowered.compile()
                 executable = self._cache[key]
-        return executable
+        return executable.run(leaves)
+
+    def _explain_miss(self, key):
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("juju: jit cache miss for %s: %s", describe(self.fun),
+                      explain_miss(self._last_key, key))
+        self._last_key = key
+
+    def wait_compiled(self) -> None:
+        """Wait until the MAX compiles started in the background (`tiered`)
+        are loaded, so that every call from now on runs on MAX; raises what
+        a compile raised. A benchmark or a deployment calls it after the
+        first call (or uses `.lower(...).compile()`, which always compiles)."""
+        tiers.wait(self)
 
     def _symbolic_executable(self, key, dyn_args):
         """The executable compiled once for `polymorphic_shapes`, now also
@@ -751,8 +790,9 @@ class JitFunction:
         return lowered
 
     def _new_lowered(self, key, treedef, statics, avals) -> Lowered:
-        closed, out_tree = self._trace_to_jaxpr(treedef, statics, avals)
-        closed = apply_rewrites(dce(closed))  # dead code first: rewrites match cleaner
+        traced, out_tree = self._trace_to_jaxpr(treedef, statics, avals)
+        traced = dce(traced)
+        closed = apply_rewrites(traced)  # dead code first: rewrites match cleaner
         registry = plugins.registry()
         required = check_rules(closed, registry, self.engine.device_ref)
         return Lowered(
@@ -763,6 +803,7 @@ class JitFunction:
             in_dtypes=[a.dtype for a in avals],
             kernel_names=frozenset(required),
             name=_graph_name(self.fun),
+            traced_jaxpr=traced,
         )
 
     def _trace_to_jaxpr(self, treedef, statics, avals):
@@ -788,6 +829,7 @@ class JitFunction:
         return closed, out_tree_box[-1]
 
     def clear_cache(self):
+        self._background.clear()  # compiles in flight still finish; their results are kept
         self._cache.clear()
         self._lowered.clear()
 
@@ -938,11 +980,18 @@ def jit(
     coerces_to_jnp: bool = False,
     engine: Engine | None = None,
     polymorphic_shapes=None,
+    tiered: bool | None = None,
 ):
     """Compile `f` with MAX. Usable as `@jit` or `@jit(static_argnums=...)`.
 
     Returns MAX buffers (`.to_numpy()`), or jax arrays with `coerces_to_jnp`.
     The engine defaults to `cpu_engine()`.
+
+    `tiered`: on a new signature, run the calls through `jax.jit` (XLA) while
+    MAX compiles in the background, then switch to MAX (juju/tiers.py).
+    None (the default) follows `JUJU_TIERED` (`0` or `1`), else is on for
+    the CPU engine. `False` waits for MAX at the first call;
+    `f.wait_compiled()` waits for the compiles in flight.
 
     `polymorphic_shapes`: shape specs of the positional (non-static)
     arguments in `jax.export`'s syntax, e.g. `("b, ...", None)`: calls that
@@ -958,11 +1007,12 @@ def jit(
             coerces_to_jnp=coerces_to_jnp,
             engine=engine,
             polymorphic_shapes=polymorphic_shapes,
+            tiered=tiered,
         )
     if not callable(f):
         raise TypeError(f"juju.jit expects a callable, got {type(f).__name__}")
     return JitFunction(f, static_argnums, static_argnames, coerces_to_jnp, engine,
-                       polymorphic_shapes)
+                       polymorphic_shapes, tiered)
 
 
 def make_max_graph(f: Callable, *, engine: Engine | None = None, **jit_kwargs):

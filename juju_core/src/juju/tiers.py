@@ -1,0 +1,212 @@
+"""Tiered execution: XLA serves a new signature while MAX compiles it.
+
+A MAX compile takes seconds to minutes; `jax.jit` compiles the same program
+in well under a second. So on a jit cache miss (`JitFunction.__call__`), a
+tiered function runs the traced program through `jax.jit` (XLA on the CPU),
+starts the MAX compile on a background thread (MAX's compile releases the
+GIL: docs/performance.md), and serves every call of that signature from XLA
+until the MAX executable is loaded; from then on calls hit the jit cache and
+run on MAX. The switch is logged once (`juju.logs.progress`).
+
+- Same results: the XLA tier runs the Jaxpr juju traced (before juju's own
+  rewrites), so random keys give the same bits and values agree within the
+  usual tolerance; outputs come back in juju's form (MAX buffers, or jax
+  arrays with `coerces_to_jnp`), never sharing memory with an input.
+- Errors: an exception raised by the background lowering or compile is
+  raised by the next call of that signature (then forgotten, so the call
+  after retries), and by `JitFunction.wait_compiled()`.
+- Who is tiered: `juju.jit(f, tiered=...)` decides; else `JUJU_TIERED`
+  (`0`/`1`); else CPU engines are, GPU engines only when jax itself has a GPU
+  backend (otherwise XLA would run on the host and every result would cross
+  to the device; docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from concurrent.futures import Future
+
+import jax
+from jax import tree_util
+
+from juju import call as _call
+from juju._compat import is_key_dtype, jaxpr_as_fun
+from juju.logs import describe, log, progress
+
+_ENV = "JUJU_TIERED"
+
+
+def enabled(fn) -> bool:
+    """Whether `fn` (a JitFunction) serves new signatures from XLA first."""
+    if fn.tiered is not None:
+        return fn.tiered
+    env = os.environ.get(_ENV, "").strip().lower()
+    if env in ("0", "false", "no", "off"):
+        return False
+    if env in ("1", "true", "yes", "on"):
+        return True
+    return fn.engine.kind == "cpu" or jax.default_backend() != "cpu"
+
+
+class Background:
+    """One signature of one function: its MAX compile in flight, and the
+    `jax.jit` of its traced Jaxpr serving calls meanwhile."""
+
+    def __init__(self, lowered):
+        self.lowered = lowered
+        self.xla_calls = 0  # calls this signature served from XLA
+        self.xla_failed: BaseException | None = None
+        self.future: Future | None = None
+        self._xla = jax.jit(_strong_outputs(lowered.traced_jaxpr))
+        outvars = lowered.traced_jaxpr.jaxpr.outvars
+        produced = {v for eqn in lowered.traced_jaxpr.jaxpr.eqns for v in eqn.outvars}
+        # Outputs that are inputs, consts or literals: jax hands them back as
+        # they are (an input's memory, or juju's const), so they are copied.
+        self._copy = frozenset(
+            i for i, v in enumerate(outvars)
+            if v not in produced and not is_key_dtype(v.aval.dtype)
+        )
+        self._as_jax = frozenset(i for i, _ in lowered.out_key_impls) | frozenset(
+            i for i, _ in lowered.out_complex)  # juju returns these as jax arrays too
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+        self.future = _submit(self._compile)
+
+    def _compile(self) -> None:
+        from juju.jit import _load_executables
+
+        fn = self.lowered.jit_function
+        _load_executables([self.lowered])  # puts the executable in the jit cache
+        fn._background.pop(self.lowered.key, None)
+        progress("juju: %s now runs on MAX (compiled in %.1f s; %d call(s) ran on XLA "
+                 "meanwhile)", describe(fn.fun), time.perf_counter() - self.started,
+                 self.xla_calls)
+
+    def run_xla(self, leaves):
+        from max.driver import Buffer
+
+        from juju.jit import _buffer_from_jax, to_jax
+
+        args = [to_jax(x) if isinstance(x, Buffer) else x for x in leaves]
+        with _call.inline_on_xla():  # nested juju.jit functions: XLA too, not callbacks
+            outs = self._xla(*args)
+        self.xla_calls += 1
+        fn = self.lowered.jit_function
+        fn.xla_call_count += 1
+        for i in self._copy:
+            outs[i] = jax.numpy.array(outs[i], copy=True)
+        if not fn.coerces_to_jnp:
+            device = fn.engine.device
+            outs = [o if i in self._as_jax else _buffer_from_jax(o, None, device)
+                    for i, o in enumerate(outs)]
+        return tree_util.tree_unflatten(self.lowered.out_tree, outs)
+
+
+def _strong_outputs(closed):
+    """The traced program as a function; weakly typed outputs made strong, as
+    MAX's (which carry no weak type) come back."""
+    fun = jaxpr_as_fun(closed)
+    weak = [a.weak_type for a in closed.out_avals]
+    if not any(weak):
+        return fun
+
+    def strong(*args):
+        outs = fun(*args)
+        return [jax.lax.convert_element_type(o, o.dtype) if w else o
+                for o, w in zip(outs, weak)]
+
+    return strong
+
+
+def call(fn, lowered, leaves):
+    """Serve a call of a signature missing from `fn`'s jit cache."""
+    key = lowered.key
+    background = fn._background.get(key)
+    if background is None:
+        background = fn._background[key] = Background(lowered)
+        log.debug("juju: %s: XLA serves calls while MAX compiles in the background",
+                  describe(fn.fun))
+        return _run_first(background, leaves)
+    if background.xla_failed is not None:  # XLA cannot run it: wait for MAX
+        while background.future is None:  # another thread is starting it
+            time.sleep(0.01)
+        background.future.exception()  # waits
+    if background.future is not None and background.future.done():
+        return _finished(fn, background, leaves)
+    return background.run_xla(leaves)
+
+
+def _run_first(background, leaves):
+    """The signature's first call: on XLA, then the MAX compile starts (so
+    that building the MAX graph does not slow the first result)."""
+    try:
+        result = background.run_xla(leaves)
+    except Exception as exc:  # noqa: BLE001  (e.g. a primitive with no XLA lowering)
+        background.xla_failed = exc
+        progress("juju: %s cannot run on XLA (%s); waiting for MAX",
+                 describe(background.lowered.jit_function.fun), str(exc).splitlines()[0][:200])
+        background.start()
+        background.future.exception()  # waits
+        return _finished(background.lowered.jit_function, background, leaves)
+    background.start()
+    return result
+
+
+def _finished(fn, background, leaves):
+    key = background.lowered.key
+    fn._background.pop(key, None)
+    error = background.future.exception()
+    if error is not None:
+        raise error
+    return fn._cache[key].run(leaves)
+
+
+def wait(fn, keys=None) -> None:
+    """Wait for `fn`'s background compiles (those of `keys`, or all); raise
+    the first error one of them raised."""
+    for key, background in list(fn._background.items()):
+        if keys is not None and key not in keys:
+            continue
+        if background.future is None:  # its first XLA call is still running
+            continue
+        error = background.future.exception()  # waits
+        fn._background.pop(key, None)
+        if error is not None:
+            raise error
+
+
+# --- the compile thread ----------------------------------------------------------
+# One compile at a time (MAX serialises compiles process-wide anyway). The
+# thread is a daemon: an exiting process does not wait minutes for a compile
+# nobody will use. The persistent cache writes a temporary file and renames
+# it into place, so a process that exits mid-compile leaves no partial entry.
+
+_queue: queue.Queue = queue.Queue()
+_thread: threading.Thread | None = None
+_thread_lock = threading.Lock()
+
+
+def _submit(task) -> Future:
+    global _thread
+    future: Future = Future()
+    _queue.put((future, task))
+    with _thread_lock:
+        if _thread is None:
+            _thread = threading.Thread(target=_serve, name="juju-max-compile", daemon=True)
+            _thread.start()
+    return future
+
+
+def _serve() -> None:
+    while True:
+        future, task = _queue.get()
+        if not future.set_running_or_notify_cancel():
+            continue
+        try:
+            future.set_result(task())
+        except BaseException as exc:  # noqa: BLE001  (handed to the caller's thread)
+            future.set_exception(exc)
