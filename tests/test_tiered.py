@@ -176,8 +176,6 @@ def test_no_xla_tier_result_shares_memory_with_an_input(tiers_ran):
     assert np.array_equal(x, r["x_before"])
 
 
-@pytest.mark.xfail(reason="MAX hands an input buffer back as the output it forwards "
-                          "(docs/performance.md, tiered execution); not the tiers' doing")
 def test_no_max_tier_result_shares_memory_with_an_input(tiers_ran):
     assert not np.shares_memory(np.from_dlpack(tiers_ran["on_max"]["x"]), tiers_ran["args"][0])
 
