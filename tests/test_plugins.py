@@ -279,3 +279,17 @@ def test_missing_pack_is_named_in_the_error_when_filtered_out():
                          env=environment, timeout=120).stdout
     assert "'sin'" in out and "'add'" in out
     assert "juju-ops-lax is installed but not loaded" in out
+
+
+def test_the_install_hint_targets_the_running_interpreter(monkeypatch):
+    from importlib import metadata
+
+    from juju import _hints
+
+    def not_installed(dist):
+        raise metadata.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(_hints.metadata, "version", not_installed)
+    registry = juju.Registry([], packs=[])
+    hint = _hints.provider_hint("conv_general_dilated", registry)
+    assert hint == "provided by juju-ops-nn: python -m pip install juju-ops-nn"
