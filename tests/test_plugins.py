@@ -26,7 +26,7 @@ juju_testpack = pytest.importorskip("juju_testpack", reason="dev.py installs tes
 def clean_registry():
     """Undo in-process packs a test registers."""
     yield
-    for name in ("conflicting", "broken", "guarded", "broken_import"):
+    for name in ("conflicting", "broken", "guarded", "broken_import", "faulty"):
         plugins.unregister_pack(name)
     plugins.reload()
 
@@ -96,7 +96,7 @@ def test_priority_and_guards_select_deterministically(clean_registry):
     del low_calls
 
 
-def test_conflicting_packs_raise_naming_both(clean_registry):
+def test_conflicting_packs_fail_only_where_the_primitive_is_used(clean_registry, capsys):
     class Conflicting:
         @staticmethod
         @juju.hookimpl
@@ -104,11 +104,115 @@ def test_conflicting_packs_raise_naming_both(clean_registry):
             return [juju.Rule(juju_testpack.double_plus_one_p, lambda ctx, x: x)]
 
     plugins.register_pack(Conflicting, "conflicting")
+    with pytest.warns(RuntimeWarning, match="'conflicting' and 'testpack'"):
+        registry = plugins.registry()
+    assert juju_testpack.double_plus_one_p in registry.conflicts
+    # A function that never uses the primitive runs.
+    x = np.linspace(-1, 1, 4, dtype=np.float32)
+    assert_same(juju.jit(lambda x: jnp.sin(x) + 1)(x), jax.jit(lambda x: jnp.sin(x) + 1)(x))
+    # One that does fails at that equation, naming both packs and what to do.
     with pytest.raises(juju.RuleConflictError) as info:
-        plugins.registry()
-    message = str(info.value)
+        juju.jit(lambda x: juju_testpack.double_plus_one(x) * 2).lower(x)
+    message = "\n".join([str(info.value), *getattr(info.value, "__notes__", [])])
     assert "'conflicting'" in message and "'testpack'" in message
     assert "testpack_double_plus_one" in message and "JUJU_PLUGINS" in message
+    assert "needed by 'testpack_double_plus_one' at" in message
+    # The CLI still lists every pack, and shows the conflict.
+    from juju.__main__ import main
+
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    listed = [line.split()[0] for line in out.splitlines()[1:]]
+    assert {"core", "lax", "testpack", "conflicting"} <= set(listed), out
+    assert "CONFLICT" in out and "'conflicting' and 'testpack'" in out
+    assert main(["which", "testpack_double_plus_one"]) == 0
+    assert "CONFLICT" in capsys.readouterr().out
+
+
+def _faulty_pack(**hooks):
+    """An in-process pack named 'faulty' whose hooks are the given functions."""
+    plugin = type("Faulty", (), {
+        name: staticmethod(juju.hookimpl(fn)) for name, fn in hooks.items()
+    })
+    plugins.register_pack(plugin, "faulty")
+    return plugin
+
+
+@pytest.mark.parametrize("returned", [["not a rule"], [42], 7, [lambda ctx, x: x]])
+def test_a_hook_returning_a_non_rule_is_a_pack_error(clean_registry, returned):
+    _faulty_pack(juju_rules=lambda: returned)
+    with pytest.warns(RuntimeWarning, match="faulty"):
+        packs = {p.name: p for p in plugins.packs()}
+    error = packs["faulty"].error
+    assert isinstance(error, juju.PackError) and isinstance(error, juju.JujuError)
+    assert "pack 'faulty'" in str(error) and "juju_rules" in str(error)
+    assert "not a juju.Rule" in str(error) or "not a list" in str(error)
+    assert packs["lax"].loaded and plugins.registry().rules_for(P.sin_p)
+
+
+def test_a_kernel_library_hook_that_raises_is_a_pack_error(clean_registry):
+    def juju_kernel_libraries():
+        raise OSError("no such kernel folder")
+
+    _faulty_pack(juju_kernel_libraries=juju_kernel_libraries)
+    with pytest.warns(RuntimeWarning, match="faulty"):
+        error = {p.name: p for p in plugins.packs()}["faulty"].error
+    assert isinstance(error, juju.PackError)
+    assert "pack 'faulty'" in str(error) and "juju_kernel_libraries" in str(error)
+    assert isinstance(error.__cause__, OSError)
+    x = np.ones(3, np.float32)
+    juju.jit(lambda x: x * 2).lower(x).as_text()  # every other pack still lowers
+
+
+def test_a_kernel_library_that_cannot_be_built_names_its_pack(clean_registry):
+    needs_kernels_p = Primitive("faulty_needs_kernels")
+    needs_kernels_p.def_abstract_eval(lambda x: x)
+
+    def path():
+        raise FileNotFoundError("kernels/ is missing")
+
+    def lower_needs_kernels(ctx, x):
+        return x
+
+    _faulty_pack(
+        juju_rules=lambda: [juju.Rule(needs_kernels_p, lower_needs_kernels, requires=("faulty_lib",))],
+        juju_kernel_libraries=lambda: [juju.KernelLibrary("faulty_lib", path)],
+    )
+    with pytest.raises(juju.PackError, match="pack 'faulty'.*'faulty_lib'") as info:
+        juju.jit(needs_kernels_p.bind).lower(np.ones(3, np.float32)).as_text()
+    assert isinstance(info.value.__cause__, FileNotFoundError)
+
+
+def test_a_jaxpr_rewrite_that_raises_is_a_pack_error(clean_registry):
+    def broken_rewrite(closed_jaxpr):
+        raise KeyError("pattern table")
+
+    _faulty_pack(juju_jaxpr_rewrites=lambda: [broken_rewrite])
+    with pytest.raises(juju.PackError) as info:
+        juju.jit(lambda x: x + 1).lower(np.ones(3, np.float32))
+    assert "pack 'faulty'" in str(info.value) and "broken_rewrite" in str(info.value)
+    assert "JUJU_BLOCK_PLUGINS=faulty" in str(info.value)
+    assert isinstance(info.value.__cause__, KeyError)
+
+    _faulty_pack(juju_jaxpr_rewrites=lambda: [lambda closed_jaxpr: None])
+    with pytest.raises(juju.PackError, match="pack 'faulty'.*returned NoneType"):
+        juju.jit(lambda x: x + 2).lower(np.ones(3, np.float32))
+
+
+def test_a_rule_returning_none_is_a_lowering_error_naming_the_pack(clean_registry):
+    def lower_forgot_to_return(ctx, x):
+        ops.add(x, x)
+
+    _faulty_pack(juju_rules=lambda: [
+        juju.Rule(juju_testpack.double_plus_one_p, lower_forgot_to_return,
+                  priority=juju.Priority.USER)
+    ])
+    x = np.ones(3, np.float32)
+    with pytest.raises(juju.LoweringError) as info:
+        juju.jit(juju_testpack.double_plus_one).lower(x).as_text()
+    message = str(info.value)
+    assert "lower_forgot_to_return" in message and "from pack faulty" in message
+    assert "None" in message and "testpack_double_plus_one" in message
 
 
 def test_a_pack_that_fails_is_reported_and_others_still_work(clean_registry):
@@ -175,3 +279,17 @@ def test_missing_pack_is_named_in_the_error_when_filtered_out():
                          env=environment, timeout=120).stdout
     assert "'sin'" in out and "'add'" in out
     assert "juju-ops-lax is installed but not loaded" in out
+
+
+def test_the_install_hint_targets_the_running_interpreter(monkeypatch):
+    from importlib import metadata
+
+    from juju import _hints
+
+    def not_installed(dist):
+        raise metadata.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(_hints.metadata, "version", not_installed)
+    registry = juju.Registry([], packs=[])
+    hint = _hints.provider_hint("conv_general_dilated", registry)
+    assert hint == "provided by juju-ops-nn: python -m pip install juju-ops-nn"

@@ -21,6 +21,7 @@ from juju.errors import (
     JujuError,
     LoweringError,
     MissingRuleError,
+    PackError,
     PackLoadError,
     RuleConflictError,
     UnsupportedDtypeError,
@@ -39,5 +40,6 @@ __all__ = [
     "Engine", "cpu_engine", "gpu_engine", "LoweringContext", "Rule", "RuleSet",
     "Registry", "Priority", "direct", "lower_fun", "on_parts", "hookimpl", "KernelLibrary",
     "JujuError", "MissingRuleError", "LoweringError", "RuleConflictError",
-    "UnsupportedDtypeError", "EngineUnavailableError", "CompileError", "PackLoadError",
+    "UnsupportedDtypeError", "EngineUnavailableError", "CompileError", "PackError",
+    "PackLoadError",
 ]

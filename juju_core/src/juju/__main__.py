@@ -51,6 +51,8 @@ def main(argv=None) -> int:
             return 1
         for prim in found:
             print(f"{prim.name}:")
+            if prim in registry.conflicts:
+                print(f"  CONFLICT: {registry.conflicts[prim]}")
             for i, rule in enumerate(registry.rules_for(prim)):
                 tag = "wins unless guarded out" if i == 0 and rule.guard else ("wins" if i == 0 else "fallback")
                 print(f"  {rule.describe()}  <- {tag}")
@@ -70,6 +72,8 @@ def main(argv=None) -> int:
         libs = f"  kernels: {', '.join(info.libraries)}" if info.libraries else ""
         print(f"{info.name:<8} {info.version:<10} {info.rule_count:>5}  {info.origin}{libs}{status}")
     print(f"{len(registry.primitives())} primitives lowered; registry {registry.fingerprint}")
+    for message in registry.conflicts.values():
+        print(f"CONFLICT: {message}")
     return 0
 
 

@@ -26,7 +26,7 @@ def provider_hint(primitive: str, registry) -> str:
         try:
             metadata.version(dist)
         except metadata.PackageNotFoundError:
-            return f"provided by {dist}: pip install {dist}"
+            return f"provided by {dist}: python -m pip install {dist}"
         return (
             f"{dist} is installed but not loaded (JUJU_PLUGINS / JUJU_BLOCK_PLUGINS / "
             "JUJU_DISABLE_PLUGIN_AUTOLOAD exclude it)"

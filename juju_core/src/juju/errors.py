@@ -84,7 +84,11 @@ class LoweringError(JujuError):
 
 
 class RuleConflictError(JujuError):
-    """Two packs registered rules for one primitive at the same priority."""
+    """Two packs registered rules for one primitive at the same priority.
+
+    Raised when an equation needs that primitive (functions that never use it
+    still run); `python -m juju` lists every conflict.
+    """
 
 
 class UnsupportedDtypeError(JujuError, TypeError):
@@ -99,5 +103,11 @@ class CompileError(JujuError, RuntimeError):
     """MAX failed to compile a lowered graph; the reason is in the message."""
 
 
-class PackLoadError(JujuError, ImportError):
+class PackError(JujuError):
+    """A pack misbehaved: a hook raised or returned something that is not what
+    its hookspec promises, or a jaxpr rewrite or kernel library failed. The
+    message names the pack and the hook; the cause is chained."""
+
+
+class PackLoadError(PackError, ImportError):
     """A pack's entry point failed to import; other packs still load."""

@@ -23,7 +23,7 @@ from juju._compat import (
     sub_jaxprs_of_params,
 )
 from juju.context import LoweringContext, constant
-from juju.errors import LoweringError, MissingRule, MissingRuleError
+from juju.errors import LoweringError, MissingRule, MissingRuleError, RuleConflictError
 from juju.registry import Registry
 
 
@@ -68,7 +68,7 @@ def lower_jaxpr(
             device=device,
             lower=lower,
         )
-        rule = registry.select(ctx, libraries)
+        rule = _select(registry, ctx, libraries)
         if rule is None:
             raise _missing_error([eqn], registry)
         try:
@@ -81,7 +81,7 @@ def lower_jaxpr(
             raise
         except Exception as exc:
             raise LoweringError.at(eqn, rule, f"{type(exc).__name__}: {exc}") from exc
-        outs = list(result) if eqn.primitive.multiple_results else [result]
+        outs = _as_outputs(ctx, rule, result)
         _check_outputs(ctx, rule, outs)
         env.update(zip(eqn.outvars, outs))
     return [read(v) for v in jaxpr.outvars]
@@ -91,8 +91,43 @@ def _is_max_value(value) -> bool:
     return hasattr(value, "type") and hasattr(value, "dtype") and not isinstance(value, np.ndarray)
 
 
+def _select(registry: Registry, ctx, libraries=None):
+    """The rule for `ctx`'s equation; a rule conflict names the equation."""
+    try:
+        return registry.select(ctx, libraries)
+    except RuleConflictError as exc:
+        eqn = ctx.eqn
+        exc.add_note(
+            f"  needed by '{eqn.primitive.name}' at {source_line(eqn)}: {equation_text(eqn)}"
+        )
+        raise
+
+
+def _as_outputs(ctx, rule, result) -> list:
+    """A rule's result as a list of values, one per equation output."""
+    if not ctx.eqn.primitive.multiple_results:
+        return [result]
+    if result is None or isinstance(result, (str, bytes)) or not hasattr(result, "__iter__"):
+        raise LoweringError.at(
+            ctx.eqn, rule, f"rule returned {_what(result)}; a rule for a primitive with "
+            "multiple results returns a list of MAX values"
+        )
+    return list(result)
+
+
+def _what(value) -> str:
+    if value is None:
+        return "None (does the rule end without `return`?)"
+    return f"a {type(value).__module__}.{type(value).__qualname__}"
+
+
 def _check_outputs(ctx, rule, outs) -> None:
     """A rule that returns the wrong shape or dtype fails at its own equation."""
+    for i, value in enumerate(outs):
+        if value is None or not (hasattr(value, "shape") and hasattr(value, "dtype")):
+            raise LoweringError.at(
+                ctx.eqn, rule, f"output {i} is {_what(value)}, not a MAX value"
+            )
     if len(outs) != len(ctx.avals_out):
         raise LoweringError.at(
             ctx.eqn, rule, f"rule returned {len(outs)} values, expected {len(ctx.avals_out)}"
@@ -128,7 +163,7 @@ def find_missing_rules(jaxpr, registry: Registry, device: DeviceRef) -> tuple[li
                 device,
                 None,
             )
-            rule = registry.select(ctx)
+            rule = _select(registry, ctx)
             if rule is None:
                 missing.append(eqn)
                 continue

@@ -24,7 +24,7 @@ from typing import Callable, Iterable
 import pluggy
 
 from juju import hookspecs
-from juju.errors import PackLoadError
+from juju.errors import JujuError, PackError, PackLoadError
 from juju.registry import Registry, Rule, stamp
 
 ENTRY_POINT_GROUP = "juju"
@@ -51,6 +51,7 @@ class PackInfo:
     rule_count: int = 0
     error: BaseException | None = None
     libraries: list[str] = field(default_factory=list)
+    hooks: list[str] = field(default_factory=list)  # the juju_* hooks it implements
 
     @property
     def loaded(self) -> bool:
@@ -62,7 +63,7 @@ class _State:
     registry: Registry | None = None
     packs: list[PackInfo] = field(default_factory=list)
     libraries: dict[str, KernelLibrary] = field(default_factory=dict)
-    rewrites: list[Callable] = field(default_factory=list)
+    rewrites: list[tuple[str, Callable]] = field(default_factory=list)
     generation: int = 0
     extra: list[tuple[str, str, object]] = field(default_factory=list)
 
@@ -131,6 +132,11 @@ def packs() -> list[PackInfo]:
 
 def jaxpr_rewrites() -> list[Callable]:
     """The loaded packs' `juju_jaxpr_rewrites` passes, in pack-name order."""
+    return [fn for _, fn in jaxpr_rewrites_by_pack()]
+
+
+def jaxpr_rewrites_by_pack() -> list[tuple[str, Callable]]:
+    """(pack name, rewrite) for every loaded rewrite pass, in pack-name order."""
     registry()
     return list(_state.rewrites)
 
@@ -186,38 +192,115 @@ def _build() -> None:
 
     rules: list[Rule] = []
     libraries: dict[str, KernelLibrary] = {}
-    for impl in pm.hook.juju_rules.get_hookimpls():
-        info = infos[impl.plugin_name]
-        try:
-            provided = [r for item in impl.function() or () for r in _as_rules(item)]
-        except Exception as exc:
-            info.error = PackLoadError(f"pack '{info.name}' failed in juju_rules: {exc!r}")
-            info.error.__cause__ = exc
-            warnings.warn(str(info.error), RuntimeWarning, stacklevel=3)
+    rewrites: list[tuple[str, Callable]] = []
+    for info in sorted(infos.values(), key=lambda i: i.name):
+        if not info.loaded:
             continue
-        info.rule_count = len(provided)
-        rules += stamp(provided, info.name, info.version)
-    for impl in pm.hook.juju_kernel_libraries.get_hookimpls():
-        info = infos[impl.plugin_name]
-        for lib in impl.function() or ():
-            libraries[lib.name] = lib
+        try:  # a pack whose hook fails contributes nothing; the others still load
+            provided = _collect(pm, info)
+        except PackError as exc:
+            info.error = exc
+            warnings.warn(str(exc), RuntimeWarning, stacklevel=3)
+            continue
+        pack_rules, pack_libraries, pack_rewrites = provided
+        info.rule_count = len(pack_rules)
+        rules += stamp(pack_rules, info.name, info.version)
+        for lib in pack_libraries:
+            libraries[lib.name] = KernelLibrary(lib.name, _reporting_path(lib, info.name))
             info.libraries.append(lib.name)
+        rewrites += [(info.name, fn) for fn in pack_rewrites]
 
-    rewrites = []
-    for impl in sorted(pm.hook.juju_jaxpr_rewrites.get_hookimpls(), key=lambda i: i.plugin_name):
-        rewrites += list(impl.function() or ())
-
-    _state.registry = Registry(rules, packs=list(infos.values()))
+    registry = Registry(rules, packs=list(infos.values()))
+    for message in registry.conflicts.values():
+        warnings.warn(f"juju: {message}", RuntimeWarning, stacklevel=3)
+    _state.registry = registry
     _state.rewrites = rewrites
     _state.packs = list(infos.values())
     _state.libraries = libraries
     _state.generation += 1
 
 
-def _as_rules(item) -> Iterable[Rule]:
-    if isinstance(item, Rule):
-        return [item]
-    return list(item)
+def _hook_results(pm, hook: str, info: PackInfo) -> list:
+    """What `info`'s implementation of `hook` returned (a list), or PackError."""
+    found = []
+    for impl in getattr(pm.hook, hook).get_hookimpls():
+        if impl.plugin_name != info.name:
+            continue
+        info.hooks.append(hook)
+        try:
+            returned = impl.function()
+        except Exception as exc:
+            raise PackError(
+                f"pack '{info.name}' ({info.origin}) failed in its {hook} hook: "
+                f"{type(exc).__name__}: {exc}. Block it with JUJU_BLOCK_PLUGINS={info.name} "
+                "or report it to the pack's authors."
+            ) from exc
+        if returned is None:
+            continue
+        if isinstance(returned, (str, bytes)) or not isinstance(returned, Iterable):
+            raise PackError(
+                f"pack '{info.name}' ({info.origin}): its {hook} hook returned "
+                f"{_short(returned)}, not a list (see juju.hookspecs.{hook})"
+            )
+        found += list(returned)
+    return found
+
+
+def _collect(pm, info: PackInfo) -> tuple[list[Rule], list[KernelLibrary], list[Callable]]:
+    """A pack's rules, kernel libraries and rewrites, checked against the hookspecs."""
+    rules = []
+    for item in _hook_results(pm, "juju_rules", info):
+        items = [item] if isinstance(item, Rule) else item
+        if isinstance(item, (str, bytes)) or not isinstance(items, Iterable):
+            items = [item]
+        for rule in items:
+            if not (isinstance(rule, Rule) and callable(rule.fn) and hasattr(rule.primitive, "name")):
+                raise PackError(
+                    f"pack '{info.name}' ({info.origin}): its juju_rules hook returned "
+                    f"{_short(rule)}, which is not a juju.Rule (with a primitive and a "
+                    "callable) or a juju.RuleSet of them"
+                )
+            rules.append(rule)
+    libraries = _hook_results(pm, "juju_kernel_libraries", info)
+    for lib in libraries:
+        if not (isinstance(getattr(lib, "name", None), str) and callable(getattr(lib, "path", None))):
+            raise PackError(
+                f"pack '{info.name}' ({info.origin}): its juju_kernel_libraries hook returned "
+                f"{_short(lib)}, not a juju.KernelLibrary"
+            )
+    rewrites = _hook_results(pm, "juju_jaxpr_rewrites", info)
+    for fn in rewrites:
+        if not callable(fn):
+            raise PackError(
+                f"pack '{info.name}' ({info.origin}): its juju_jaxpr_rewrites hook returned "
+                f"{_short(fn)}, not a callable rewrite(closed_jaxpr) -> closed_jaxpr"
+            )
+    return rules, libraries, rewrites
+
+
+def _reporting_path(lib: KernelLibrary, pack: str) -> Callable[[], os.PathLike]:
+    """`lib.path`, whose failures name the pack and library."""
+
+    def path():
+        try:
+            return lib.path()
+        except JujuError as exc:  # e.g. CompileError with the compiler's output
+            exc.add_note(f"  (kernel library '{lib.name}' of pack '{pack}')")
+            raise
+        except Exception as exc:
+            raise PackError(
+                f"pack '{pack}': building or finding its kernel library '{lib.name}' failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    return path
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return f"{text[:80]}... ({type(value).__name__})" if len(text) > 80 else (
+        f"{text} ({type(value).__name__})"
+    )
 
 
 def _core_version() -> str:

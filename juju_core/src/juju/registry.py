@@ -2,8 +2,10 @@
 
 Selection is deterministic: rules for a primitive are tried in descending
 priority; the first whose guard accepts the equation wins. Two packs that
-register the same primitive at the same priority are an error when the
-registry is built, never a matter of install order.
+register the same primitive at the same priority are an error, never a matter
+of install order: the registry records the conflict when it is built and
+raises it for any equation of that primitive, so programs that never use the
+primitive still run.
 """
 
 from __future__ import annotations
@@ -121,7 +123,8 @@ class Registry:
             for prim, found in by_primitive.items()
         }
         self.packs = list(packs)
-        _check_conflicts(self._rules)
+        #: primitive -> the message of its rule conflict (see `select`)
+        self.conflicts: dict[object, str] = _find_conflicts(self._rules)
         self.fingerprint = _fingerprint(self._rules)
 
     def rules_for(self, primitive) -> tuple[Rule, ...]:
@@ -139,8 +142,12 @@ class Registry:
         With `libraries` (the kernel libraries a graph was built with), rules
         that need another library are passed over: equations that only appear
         while lowering (inside a decomposition) fall back to rules the graph
-        can run, instead of calling a kernel it did not load.
+        can run, instead of calling a kernel it did not load. Raises
+        RuleConflictError when packs conflict on the equation's primitive.
         """
+        conflict = self.conflicts.get(ctx.eqn.primitive)
+        if conflict is not None:
+            raise RuleConflictError(conflict)
         for rule in self._rules.get(ctx.eqn.primitive, ()):
             if libraries is not None and not libraries.issuperset(rule.requires):
                 continue
@@ -160,28 +167,35 @@ def stamp(rules: Iterable[Rule], pack: str, version: str) -> list[Rule]:
     return [replace(r, pack=pack, pack_version=version) for r in rules]
 
 
-def _check_conflicts(rules: Mapping[object, tuple[Rule, ...]]) -> None:
+def _find_conflicts(rules: Mapping[object, tuple[Rule, ...]]) -> dict[object, str]:
+    conflicts = {}
     for prim, found in rules.items():
         by_priority: dict[int, list[Rule]] = defaultdict(list)
         for rule in found:
             by_priority[int(rule.priority)].append(rule)
         for priority, same in by_priority.items():
             packs = sorted({r.pack for r in same})
+            unguarded = [r for r in same if r.guard is None]
             if len(packs) > 1:
-                raise RuleConflictError(
+                conflicts[prim] = (
                     f"packs {' and '.join(repr(p) for p in packs)} both register a rule "
                     f"for primitive '{prim.name}' at priority {priority}: "
                     + "; ".join(r.describe() for r in same)
                     + ". Keep one of them with JUJU_PLUGINS=<packs to load>, block one "
                     "with JUJU_BLOCK_PLUGINS=<pack>, or give one a different priority."
                 )
-            unguarded = [r for r in same if r.guard is None]
-            if len(unguarded) > 1:
-                raise RuleConflictError(
+            elif len(unguarded) > 1:
+                conflicts[prim] = (
                     f"pack '{packs[0]}' registers {len(unguarded)} unguarded rules for "
                     f"primitive '{prim.name}' at priority {priority}: "
                     + "; ".join(r.describe() for r in unguarded)
+                    + f". Give all but one a guard, or block the pack with "
+                    f"JUJU_BLOCK_PLUGINS={packs[0]}."
                 )
+            else:
+                continue
+            break
+    return conflicts
 
 
 def _fingerprint(rules: Mapping[object, tuple[Rule, ...]]) -> str:

@@ -150,7 +150,7 @@ def _run_mojo(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
         from mojo.run import subprocess_run_mojo
     except ImportError as exc:
         raise CompileError(
-            "building Mojo kernels needs the 'mojo' package: pip install 'mojo==1.2.*'"
+            "building Mojo kernels needs the 'mojo' package: python -m pip install 'mojo==1.2.*'"
         ) from exc
     try:
         return subprocess_run_mojo(args, cwd=cwd, capture_output=True, text=True)
