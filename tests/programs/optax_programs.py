@@ -63,7 +63,9 @@ def optax_adamw_schedule():
     return _steps(optimizer, 3), (params, optimizer.init(params), batch)
 
 
-@program("optax_chain_clip_by_global_norm", "optax", rtol=1e-5, atol=1e-6)
+@program("optax_chain_clip_by_global_norm", "optax", rtol=1e-5, atol=1e-6,
+         xfail="MAX compile error: the fused ReduceAdd (prologue reshape, epilogue sqrt, "
+               "greater, rsqrt) of the global norm gets a rank-1 input for a rank-2 kernel")
 def optax_chain_clip_by_global_norm():
     import jax.numpy as jnp
     import optax

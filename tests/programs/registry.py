@@ -20,9 +20,9 @@ from dataclasses import dataclass
 PROGRAMS: dict[str, Program] = {}
 
 # Known gaps shared by several programs (each a root cause; see docs/programs.md).
-SIZE1_AXIS = ("reduce_sum over the size-1 axis of an (N, 1) array fails to lower (MAX "
-              "ReshapeOp error from juju_ops_lax/_util.py reduce_axis): the bias gradient "
-              "of a one-unit layer")
+SIZE1_AXIS = ("reduce_sum over axis 0 of an (N, 1) array fails to lower: juju_ops_lax/_util.py "
+              "_fast_reduce sums axis 1 of a rank-2 operand, then MAX's ReshapeOp fails; "
+              "the bias gradient of a one-unit layer")
 EQX_PRIMITIVES = ("no rule for equinox's primitives unvmap_any, unvmap_max, select_if_vmap, "
                   "maybe_set, nonbatchable, nor for pure_callback")
 
