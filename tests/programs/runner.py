@@ -54,7 +54,8 @@ def _first_line(error) -> str:
 def _leaves(tree):
     out = []
     for leaf in jax.tree_util.tree_leaves(tree):
-        if jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key):
+        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype,
+                                                                 jax.dtypes.prng_key):
             leaf = jax.random.key_data(leaf)
         out.append(juju.to_numpy(leaf))
     return out
