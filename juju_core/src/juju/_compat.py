@@ -20,6 +20,11 @@ Var = jex_core.Var
 JaxPrimitive = jex_core.Primitive
 primitives = jex_core.primitives
 
+# The call primitives (a sub-jaxpr applied to arguments): `call` and
+# `closed_call` up to jax 0.11; from 0.12 both names alias one primitive,
+# `eval_jaxpr`.
+call_primitives = tuple(dict.fromkeys([primitives.closed_call_p, primitives.call_p]))
+
 # Not exported by jax.extend (JAX 0.10); only needed as a registry key.
 from jax._src.lax.lax import optimization_barrier_p, split_p, stack_p, unstack_p  # noqa: E402
 from jax._src.export.shape_poly import dim_as_value_p  # noqa: E402,F401  (symbolic shapes)
