@@ -21,7 +21,7 @@ JaxPrimitive = jex_core.Primitive
 primitives = jex_core.primitives
 
 # The call primitives (a sub-jaxpr applied to arguments): `call` and
-# `closed_call` up to jax 0.11; from 0.12 both names alias one primitive,
+# `closed_call` up to jax 0.10; from 0.11 both names alias one primitive,
 # `eval_jaxpr`.
 call_primitives = tuple(dict.fromkeys([primitives.closed_call_p, primitives.call_p]))
 
@@ -183,6 +183,19 @@ class jax_impls:
     from jax._src.random.threefry2x32 import _threefry2x32_lowering as threefry2x32  # noqa: F401
     from jax._src.random.core import _gamma_impl as random_gamma  # noqa: F401
 
+
+# Primitives that only newer jax releases have (None on older ones): from 0.11
+# jax emits log2 for jnp.log2 (0.10: log / log(2)) and one_minus_square in the
+# derivatives of tanh, asin, acos and atanh; from 0.12 polynomial for
+# jnp.polyval and inside some of its own decompositions (Horner's rule).
+log2_p = getattr(primitives, "log2_p", None)
+one_minus_square_p = getattr(primitives, "one_minus_square_p", None)
+polynomial_p = getattr(primitives, "polynomial_p", None)
+
+if polynomial_p is not None:
+    from jax._src.lax.lax import _polynomial_lower  # noqa: E402
+
+    jax_impls.polynomial = staticmethod(_polynomial_lower)
 
 # Primitives not exported by jax.extend, needed as registry keys.
 from jax._src.lax.linalg import geqrf_p, lu_pivots_to_permutation_p  # noqa: E402
