@@ -5,6 +5,7 @@
     python3 dev.py test          # set up (if needed) and run the fast test tier
     python3 dev.py compat        # the compatibility tier: newest Python, newest jax
     python3 dev.py wheels        # build, check and install the four wheels; run the demo
+                                 # (--no-install: build and check only)
     python3 dev.py conformance   # JAX's primitive harnesses -> docs/coverage.md
     python3 dev.py bench         # benchmarks, juju vs jax.jit
     python3 dev.py python ...    # run the venv's python
@@ -161,10 +162,14 @@ _WHEEL_MUST_HOLD = ("py.typed", "licenses/LICENSE", "METADATA")
 _WHEEL_MUST_NOT_HOLD = ("juju_ops_nn/testing.py", "juju_ops_nn/models.py")
 
 
-def wheels(env: Env, pytest_args: list[str]) -> int:
+def wheels(env: Env, args: list[str]) -> int:
     """Build each pack's sdist and wheel, check them, install the wheels (not
     editable) into a fresh venv made from the environment's Python and run the
-    demo there; with pytest arguments, also run those tests against them."""
+    demo there; with pytest arguments, also run those tests against them.
+    `--no-install` stops after the checks (CI: installing MAX and jax into a
+    fresh venv takes minutes)."""
+    install = "--no-install" not in args
+    pytest_args = [arg for arg in args if arg != "--no-install"]
     workspace = _workspace()
     env.ensure(["build>=1.2", "twine>=5", "setuptools>=68"])
     dist = ROOT / ".whl" / "dist"
@@ -182,6 +187,8 @@ def wheels(env: Env, pytest_args: list[str]) -> int:
     if problems := _wheel_problems(wheel_files):
         print("\n".join(f"[dev] {problem}" for problem in problems), file=sys.stderr)
         return 1
+    if not install:
+        return 0
     base, version = env.base_python()
     with tempfile.TemporaryDirectory(prefix="juju-wheels-") as scratch:
         venv = Path(scratch) / "venv"
