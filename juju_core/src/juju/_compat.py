@@ -184,6 +184,22 @@ class jax_impls:
     from jax._src.random.core import _gamma_impl as random_gamma  # noqa: F401
 
 
+def open_jaxpr(jaxpr):
+    """The Jaxpr of a ClosedJaxpr, or `jaxpr` itself. Control-flow params hold
+    closed jaxprs in jax 0.10 and some open ones from 0.11 (cond's branches)."""
+    return jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr
+
+
+def scan_layout(*, num_consts=None, num_carry=None, ft_in=None, ft_out=None):
+    """How many of a scan's operands are consts and carries. jax 0.10 says so in
+    the params `num_consts` and `num_carry`; from 0.11 the flat trees `ft_in`
+    ((consts, carry, xs)) and `ft_out` ((carry, ys)) describe the operands."""
+    if ft_in is not None:
+        consts, carry, _ = ft_in.unpack()
+        return len(consts), len(carry)
+    return num_consts, num_carry
+
+
 # Primitives that only newer jax releases have (None on older ones): from 0.11
 # jax emits log2 for jnp.log2 (0.10: log / log(2)) and one_minus_square in the
 # derivatives of tanh, asin, acos and atanh; from 0.12 polynomial for
