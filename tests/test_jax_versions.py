@@ -2,7 +2,8 @@
 
 jax 0.11 and 0.12 added primitives that 0.10 spells with others: `log2` (0.10:
 log / log 2), `one_minus_square` (in the derivatives of tanh, asin, acos,
-atanh), and in 0.12 `polynomial` (jnp.polyval, Horner's rule). The same programs run on
+atanh), and in 0.12 `polynomial` (jnp.polyval, Horner's rule). From 0.11 the
+params of control flow changed too. The same programs run on
 every release; where the installed jax has a primitive, the test also proves
 that it reached juju. One MAX compilation for all cases.
 """
@@ -34,6 +35,22 @@ def polyvals(x, p_short, p_long):
     return jnp.polyval(p_short, x), jnp.polyval(p_long, x)
 
 
+def control_flow(x, n):
+    # The params of cond, while and scan changed in jax 0.11 (open sub-jaxprs;
+    # scan's ft_in/ft_out): a const, a carry and stacked ys in a scan that stays
+    # a loop, a while with a dynamic trip count, a cond.
+    w = x[:3]
+
+    def step(c, xi):
+        c = jnp.tanh(c * w + xi)
+        return c, c.sum()
+    xs = w * jnp.linspace(0, 1, 200, dtype=x.dtype)[:, None]
+    carry, ys = jax.lax.scan(step, jnp.zeros(3, x.dtype), xs)
+    total = jax.lax.fori_loop(0, n, lambda i, t: t + w * i, jnp.zeros_like(w))
+    picked = jax.lax.cond(n > 2, jnp.sin, jnp.cos, carry)
+    return carry, ys, total, picked
+
+
 _rng = np.random.default_rng(0)
 X = np.array([0.0, 1e-3, 0.25, 0.5, 0.99, 1.0, 2.0, 1e30, np.inf, np.nan, -1.0], np.float32)
 Z = (_rng.standard_normal(5) + 1j * _rng.standard_normal(5)).astype(np.complex64)
@@ -43,6 +60,7 @@ CASES = {
     "derivatives": (derivatives, (U,), _compat.one_minus_square_p),
     "polyval": (polyvals, (U, np.float32([2, -1, 0.5]), _rng.standard_normal(11).astype(np.float32)),
                 _compat.polynomial_p),
+    "control_flow": (control_flow, (U, np.int32(4)), None),
 }
 JITTED = {name: juju.jit(fn) for name, (fn, _, _) in CASES.items()}
 
@@ -62,6 +80,6 @@ def test_matches_jax(name):
 def test_newer_primitive_reaches_juju(name):
     fn, args, primitive = CASES[name]
     if primitive is None:
-        pytest.skip(f"jax {jax.__version__} has no such primitive")
+        pytest.skip(f"no new primitive in jax {jax.__version__}")
     jaxpr = jax.make_jaxpr(fn)(*args)
     assert primitive.name in str(jaxpr)
