@@ -1,7 +1,7 @@
 """Benchmark: juju (MAX) vs jax.jit on a CNN training step and a transformer
 block (forward, and forward+backward), measured in the same run.
 
-    python benchmarks/bench_nn.py [--repeats 50]
+    python -m benchmarks.bench_nn [--repeats 50]     # from the repository root
 
 Prints per-call medians (ms) and juju/jax ratios (< 1: juju is faster). The
 first juju call of each function compiles (seconds, cached on disk); it is
@@ -21,7 +21,7 @@ import jax
 import juju
 import numpy as np
 
-from juju_ops_nn import models
+from examples import models
 
 
 def median_ms(fn, repeats):

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 import juju
-from juju_ops_nn import models
+import models  # examples/models.py, beside this file
 
 rng = np.random.default_rng(0)
 params = models.cnn_init(rng)

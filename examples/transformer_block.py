@@ -8,7 +8,7 @@ fused ops (see docs/nn.md).
 import numpy as np
 
 import juju
-from juju_ops_nn import models
+import models  # examples/models.py, beside this file
 
 rng = np.random.default_rng(0)
 params = models.block_init(rng)

@@ -8,7 +8,7 @@ import pytest
 from jax import lax
 
 import juju
-from juju_ops_nn.testing import Case, run_cases
+from tests.nn_cases import Case, run_cases
 from tests.util import fused_softmax_op
 
 SOFTMAX = fused_softmax_op()

@@ -5,8 +5,8 @@ import jax
 import numpy as np
 import pytest
 
-from juju_ops_nn import models
-from juju_ops_nn.testing import Case, run_cases
+from examples import models
+from tests.nn_cases import Case, run_cases
 from tests.util import fused_softmax_op
 
 SOFTMAX = fused_softmax_op()

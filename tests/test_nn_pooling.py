@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from juju_ops_nn.testing import Case, run_cases
+from tests.nn_cases import Case, run_cases
 
 rng = np.random.default_rng(1)
 

@@ -20,6 +20,11 @@ Var = jex_core.Var
 JaxPrimitive = jex_core.Primitive
 primitives = jex_core.primitives
 
+# The call primitives (a sub-jaxpr applied to arguments): `call` and
+# `closed_call` up to jax 0.10; from 0.11 both names alias one primitive,
+# `eval_jaxpr`.
+call_primitives = tuple(dict.fromkeys([primitives.closed_call_p, primitives.call_p]))
+
 # Not exported by jax.extend (JAX 0.10); only needed as a registry key.
 from jax._src.lax.lax import optimization_barrier_p, split_p, stack_p, unstack_p  # noqa: E402
 from jax._src.export.shape_poly import dim_as_value_p  # noqa: E402,F401  (symbolic shapes)
@@ -178,6 +183,35 @@ class jax_impls:
     from jax._src.random.threefry2x32 import _threefry2x32_lowering as threefry2x32  # noqa: F401
     from jax._src.random.core import _gamma_impl as random_gamma  # noqa: F401
 
+
+def open_jaxpr(jaxpr):
+    """The Jaxpr of a ClosedJaxpr, or `jaxpr` itself. Control-flow params hold
+    closed jaxprs in jax 0.10 and some open ones from 0.11 (cond's branches)."""
+    return jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr
+
+
+def scan_layout(*, num_consts=None, num_carry=None, ft_in=None, ft_out=None):
+    """How many of a scan's operands are consts and carries. jax 0.10 says so in
+    the params `num_consts` and `num_carry`; from 0.11 the flat trees `ft_in`
+    ((consts, carry, xs)) and `ft_out` ((carry, ys)) describe the operands."""
+    if ft_in is not None:
+        consts, carry, _ = ft_in.unpack()
+        return len(consts), len(carry)
+    return num_consts, num_carry
+
+
+# Primitives that only newer jax releases have (None on older ones): from 0.11
+# jax emits log2 for jnp.log2 (0.10: log / log(2)) and one_minus_square in the
+# derivatives of tanh, asin, acos and atanh; from 0.12 polynomial for
+# jnp.polyval and inside some of its own decompositions (Horner's rule).
+log2_p = getattr(primitives, "log2_p", None)
+one_minus_square_p = getattr(primitives, "one_minus_square_p", None)
+polynomial_p = getattr(primitives, "polynomial_p", None)
+
+if polynomial_p is not None:
+    from jax._src.lax.lax import _polynomial_lower  # noqa: E402
+
+    jax_impls.polynomial = staticmethod(_polynomial_lower)
 
 # Primitives not exported by jax.extend, needed as registry keys.
 from jax._src.lax.linalg import geqrf_p, lu_pivots_to_permutation_p  # noqa: E402

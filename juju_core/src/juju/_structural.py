@@ -5,7 +5,7 @@ transformations or to multi-device placement. No numeric rules live here.
 
 from __future__ import annotations
 
-from juju._compat import optimization_barrier_p, primitives as P
+from juju._compat import call_primitives, optimization_barrier_p, primitives as P
 from juju.hookspecs import hookimpl
 from juju.registry import RuleSet
 
@@ -21,14 +21,12 @@ def lower_jit(ctx, *args, jaxpr, name, inline, keep_unused, donated_invars,
     return ctx.lower(jaxpr, *args)
 
 
-@rules.register(P.closed_call_p)
-def lower_closed_call(ctx, *args, call_jaxpr, **_call_params):
-    return ctx.lower(call_jaxpr, *args)
-
-
-@rules.register(P.call_p)
 def lower_call(ctx, *args, call_jaxpr, **_call_params):
     return ctx.lower(call_jaxpr, *args)
+
+
+for _prim in call_primitives:
+    rules.register(_prim)(lower_call)
 
 
 @rules.register(P.custom_jvp_call_p)

@@ -23,7 +23,9 @@ from max.dtype import DType
 from max.graph import DeviceRef, Graph, TensorType, ops
 
 from juju import RuleSet
-from juju._compat import empty2_p, platform_index_p, primitives as P, sub_jaxprs_of_params
+from juju._compat import (
+    empty2_p, open_jaxpr, platform_index_p, primitives as P, scan_layout, sub_jaxprs_of_params,
+)
 from juju.dtypes import physical_aval
 from juju_ops_lax._util import reduce_axis
 
@@ -182,16 +184,16 @@ def _equation_count(jaxpr) -> int:
 
 
 @rules.register(P.scan_p)
-def lower_scan(ctx, *args, reverse, length, jaxpr, num_consts, num_carry, unroll,
-               _split_transpose=False):
+def lower_scan(ctx, *args, reverse, length, jaxpr, unroll, _split_transpose=False, **layout):
     if _split_transpose:
         raise NotImplementedError(f"scan: _split_transpose={_split_transpose}")
+    num_consts, num_carry = scan_layout(**layout)  # the params differ between jax releases
     consts = list(args[:num_consts])
     init = list(args[num_consts : num_consts + num_carry])
     xs = list(args[num_consts + num_carry :])
     y_avals = [physical_aval(a) for a in ctx.avals_out[num_carry:]]
     unroll = length if unroll is True else max(int(unroll), 1)
-    if unroll == 1 and y_avals and length * _equation_count(jaxpr.jaxpr) <= UNROLL_BUDGET:
+    if unroll == 1 and y_avals and length * _equation_count(open_jaxpr(jaxpr)) <= UNROLL_BUDGET:
         unroll = length  # JAX's `unroll` is a performance hint; see UNROLL_BUDGET
 
     def step(carry, i):

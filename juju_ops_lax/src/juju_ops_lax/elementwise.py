@@ -15,8 +15,8 @@ from jax import lax
 from max.dtype import DType
 from max.graph import ops
 
-from juju import RuleSet
-from juju._compat import primitives as P
+from juju import RuleSet, lower_fun
+from juju._compat import jax_impls, log2_p, one_minus_square_p, polynomial_p, primitives as P
 from juju_ops_lax._util import (
     broadcast_to, is_bool, is_float, is_signed_int, is_unsigned_int, scalar,
 )
@@ -336,3 +336,30 @@ def _float_to_int(ctx, x, src, dst):
     result = ops.cast(in_range, ctx.max_dtype(dst))
     result = ops.where(too_big, scalar(ctx, info.max, dst), result)
     return ops.where(too_small, scalar(ctx, info.min, dst), result)
+
+
+# --- primitives of newer jax releases (not registered where jax lacks them) -----
+
+
+_INV_LN2 = 1.4426950408889634
+
+
+def _log2(x, *, accuracy=None):
+    # XLA's lowering: log(x) times 1/log(2) rounded to x's (real) dtype.
+    log_x = lax.log(x, accuracy=accuracy)
+    if np.issubdtype(x.dtype, np.complexfloating):
+        return lax.complex(lax.real(log_x) * _INV_LN2, lax.imag(log_x) * _INV_LN2)
+    return log_x * _INV_LN2
+
+
+def _one_minus_square(x):
+    return (1 + x) * (1 - x)  # JAX's decomposition: exact near |x| = 1
+
+
+if log2_p is not None:
+    rules.register(log2_p)(lower_fun(_log2))
+if one_minus_square_p is not None:
+    rules.register(one_minus_square_p)(lower_fun(_one_minus_square))
+if polynomial_p is not None:
+    # Horner's rule, unrolled up to `unroll` terms, then a scan: JAX's own.
+    rules.register(polynomial_p)(lower_fun(jax_impls.polynomial))

@@ -18,7 +18,7 @@ import numpy as np
 from max.graph import ops
 
 from juju import Priority, RuleSet
-from juju._compat import primitives as P
+from juju._compat import open_jaxpr, primitives as P
 from juju.dtypes import is_float
 from juju_ops_nn.patterns import (
     Any, Lit, Op, Opt, Pattern, X, is_number, near, nn_fused_p, positive, rewrite_closed_jaxpr,
@@ -125,7 +125,7 @@ def _axes(eqn):
     if eqn.primitive.name != "jit":
         return tuple(int(a) for a in eqn.params["axes"])
     sums = {tuple(int(a) for a in e.params["axes"])
-            for e in eqn.params["jaxpr"].jaxpr.eqns if e.primitive.name == "reduce_sum"}
+            for e in open_jaxpr(eqn.params["jaxpr"]).eqns if e.primitive.name == "reduce_sum"}
     return sums.pop() if len(sums) == 1 else None
 
 
@@ -296,7 +296,7 @@ def lower_jit_named_unary(ctx, x, *, jaxpr, name, inline, keep_unused, donated_i
 
 
 def _is_relu_call(ctx) -> bool:
-    inner = ctx.params["call_jaxpr"].jaxpr.eqns
+    inner = open_jaxpr(ctx.params["call_jaxpr"]).eqns
     return (_unary_call(ctx) and len(inner) == 1 and inner[0].primitive.name == "jit"
             and inner[0].params.get("name") == "relu")
 

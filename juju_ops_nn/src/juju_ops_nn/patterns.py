@@ -22,7 +22,9 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
-from juju._compat import ClosedJaxpr, Jaxpr, JaxPrimitive, Literal, Var, jex_core
+from juju._compat import (
+    ClosedJaxpr, Jaxpr, JaxPrimitive, Literal, Var, call_primitives, jex_core, open_jaxpr,
+)
 
 COMMUTATIVE = {"add", "mul", "max", "min"}
 
@@ -241,7 +243,9 @@ def rewrite_closed_jaxpr(patterns: list[Pattern]):
     return rewrite
 
 
-_RECURSE = {"jit": "jaxpr", "custom_jvp_call": "call_jaxpr", "closed_call": "call_jaxpr"}
+# Calls whose sub-program is rewritten too, and the param that holds it.
+_RECURSE = {"jit": "jaxpr", "custom_jvp_call": "call_jaxpr",
+            **{prim.name: "call_jaxpr" for prim in call_primitives}}
 
 
 def _rewrite_jaxpr(jaxpr: Jaxpr, patterns) -> Jaxpr:
@@ -250,12 +254,16 @@ def _rewrite_jaxpr(jaxpr: Jaxpr, patterns) -> Jaxpr:
     # Sub-programs of calls first (jax.nn functions wrapped in jit).
     for i, eqn in enumerate(eqns):
         param = _RECURSE.get(eqn.primitive.name)
-        if param and isinstance(eqn.params.get(param), ClosedJaxpr):
-            inner = eqn.params[param]
-            new_inner = _rewrite_jaxpr(inner.jaxpr, patterns)
-            if new_inner is not inner.jaxpr:
-                eqns[i] = eqn.replace(params={**eqn.params, param: ClosedJaxpr(new_inner, inner.consts)})
-                changed = True
+        inner = eqn.params.get(param) if param else None
+        if not isinstance(inner, (ClosedJaxpr, Jaxpr)):
+            continue
+        # Closed sub-jaxprs up to jax 0.10, open ones from 0.11.
+        new_inner = _rewrite_jaxpr(open_jaxpr(inner), patterns)
+        if new_inner is not open_jaxpr(inner):
+            if isinstance(inner, ClosedJaxpr):
+                new_inner = ClosedJaxpr(new_inner, inner.consts)
+            eqns[i] = eqn.replace(params={**eqn.params, param: new_inner})
+            changed = True
     if changed:
         jaxpr = jaxpr.replace(eqns=eqns)
     matcher = Matcher(jaxpr)
