@@ -5,6 +5,7 @@
     python3 dev.py test          # set up (if needed) and run the fast test tier
     python3 dev.py conformance   # JAX's primitive harnesses -> docs/coverage.md
     python3 dev.py bench         # benchmarks, juju vs jax.jit
+    python3 dev.py fuzz --count 2000   # random programs vs jax.jit (tests/fuzz)
     python3 dev.py python ...    # run the venv's python
 
 Set-up creates .venv beside this file and installs the four juju packs in
@@ -84,9 +85,11 @@ def main(argv: list[str]) -> int:
     if command == "demo":
         return run(["examples/basic.py", *rest])
     if command == "test":
-        return run(["-m", "pytest", "-m", "not full", *rest])
+        return run(["-m", "pytest", "-m", "not full and not fuzz", *rest])
     if command == "conformance":
         return run(["-m", "tests.conformance.run", *rest])
+    if command == "fuzz":
+        return run(["-m", "tests.fuzz.run", *rest])
     if command == "bench":
         _ensure(_config()["bench-requirements"])
         return run(["-m", "benchmarks.run", *rest])
