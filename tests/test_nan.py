@@ -147,7 +147,16 @@ def _assert_same_nans(actual, expected):
             np.testing.assert_array_equal(np.isneginf(a64), np.isneginf(e64), "-inf positions")
 
 
-@pytest.mark.parametrize("case,dtype_name", PARAMS, ids=[f"{c}-{d}" for c, d in PARAMS])
+FOLDED = ("MAX folds x * 0.0 and y - y to 0 (it assumes no NaN or inf), so a NaN made "
+          "from infinities inside the graph is lost; see docs/testing.md")
+
+
+def _param(case, dtype_name):
+    marks = [pytest.mark.xfail(reason=FOLDED)] if case == "nan_made_inside" else []
+    return pytest.param(case, dtype_name, marks=marks, id=f"{case}-{dtype_name}")
+
+
+@pytest.mark.parametrize("case,dtype_name", [_param(c, d) for c, d in PARAMS])
 def test_matches_jax(case, dtype_name):
     fn = CASES.get(case, stops_at_nan)
     args = _case_args(case, dtype_name)
