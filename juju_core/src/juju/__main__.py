@@ -1,7 +1,7 @@
 """`python -m juju`: the installed packs, their rules, and who lowers what.
 
     python -m juju                 # packs, versions, rule counts, load errors
-    python -m juju which sin       # the rules for a primitive, winner first
+    python -m juju which sin       # the rules for a primitive, winner first (or the fallback)
     python -m juju rules [PACK]    # every primitive a pack lowers
 """
 
@@ -30,6 +30,8 @@ def main(argv=None) -> int:
 
     if args.command == "which":
         found = [p for p in registry.primitives() if p.name == args.primitive]
+        if not found and _print_fallback(args.primitive, registry):
+            return 0
         if not found:
             print(f"no loaded pack lowers '{args.primitive}'")
             from juju._hints import provider_hint
@@ -58,6 +60,22 @@ def main(argv=None) -> int:
         print(f"{info.name:<8} {info.version:<10} {info.rule_count:>5}  {info.origin}{libs}{status}")
     print(f"{len(registry.primitives())} primitives lowered; registry {registry.fingerprint}")
     return 0
+
+
+def _print_fallback(name, registry) -> bool:
+    """For a primitive only the core's fallback lowers, say so."""
+    from juju import coverage
+
+    primitive = coverage.find(name)
+    if primitive is None:
+        return False
+    status, detail = coverage.classify(primitive, registry)
+    if status != "fallback":
+        return False
+    (rule,) = registry.catch_all()
+    print(f"{name}: no pack has a rule; lowered via its JAX implementation ({detail}),")
+    print(f"  traced into the graph by {rule.describe()}")
+    return True
 
 
 if __name__ == "__main__":
