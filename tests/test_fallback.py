@@ -153,3 +153,14 @@ def test_which_says_via_its_jax_implementation():
                             capture_output=True, text=True, check=True)
     assert "via its JAX implementation" in result.stdout
     assert "equinox._unvmap._unvmap_any_impl" in result.stdout
+
+
+def test_coverage_lists_every_registered_primitive_with_its_status():
+    from juju import coverage
+
+    status = {e.name: e.status for e in coverage.entries()}
+    assert status["sin"] == "rule" and status["tile"] == "rule"
+    assert status["pure_callback"] == "none"  # XLA lowers it itself: no JAX implementation
+    assert status["test_scaled_softplus"] == "fallback"  # defined in this module
+    if eqx is not None:
+        assert status["unvmap_any"] == status["maybe_set"] == "fallback"
