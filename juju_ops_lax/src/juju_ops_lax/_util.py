@@ -97,8 +97,8 @@ def _fast_reduce(op, x, pre, size, post, shape):
         # each row first (many rows, in parallel), then the partial results.
         partial = op(ops.reshape(x, [pre * (size // chunk), chunk]), axis=1)
         return op(ops.reshape(partial, [pre, size // chunk]), axis=1)
-    if post == 1:
-        return op(ops.reshape(x, [pre, size]) if len(shape) != 2 else x, axis=1)
+    if post == 1:  # x is [pre, size] already only when the reduced axis is its last one
+        return op(x if list(shape) == [pre, size] else ops.reshape(x, [pre, size]), axis=1)
     if op is ops.sum and x.dtype == DType.float32 and x.device.is_cpu():
         # Not on GPU: its fp32 matmul rounds operands to TF32.
         ones = ops.broadcast_to(ops.constant(1.0, DType.float32, device=x.device), [1, 1, size])
