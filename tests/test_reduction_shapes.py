@@ -79,12 +79,25 @@ def empty_reductions(f, i):
             lax.reduce_xor_p.bind(i, axes=(0,)), f.prod(0))
 
 
+def clip_by_global_norm(a, b):
+    """optax.clip_by_global_norm(1.0) on {"a": (1000, 64), "b": (64,)}, as its
+    jaxpr: MAX failed to compile it ("could not parse its Mojo generated code")
+    while the rank-1 sum was a reduction of its [1, 64] reshape."""
+    sums = [jnp.sum(jnp.square(x) + jnp.square(jnp.zeros_like(x))) for x in (a, b)]
+    norm = jnp.sqrt(0.0 + sums[0] + sums[1])
+    clip = norm < 1.0
+    return tuple(lax.select(clip, x, x / norm * 1.0) for x in (a, b))
+
+
 rng = np.random.default_rng(0)
 FLOATS = [rng.permutation(np.prod(s)).reshape(s).astype(np.float32) / 7 - 1 for s in SHAPES]
 INTS = [rng.integers(-1000, 1000, s).astype(np.int32) for s in SHAPES]
 EMPTY = (np.zeros((0, 3), np.float32), np.zeros((0, 3), np.int32))
+CLIP = (rng.standard_normal((1000, 64)).astype(np.float32) / 100,
+        rng.standard_normal(64).astype(np.float32))
 CASES = {"all_reductions": (all_reductions, (FLOATS, INTS)),
-         "empty_reductions": (empty_reductions, EMPTY)}
+         "empty_reductions": (empty_reductions, EMPTY),
+         "clip_by_global_norm": (clip_by_global_norm, CLIP)}
 JITTED = {name: juju.jit(fn) for name, (fn, _) in CASES.items()}
 
 
