@@ -61,65 +61,95 @@ def _round_robin(n: int) -> np.ndarray:
 
 def _rotation(a_pp, a_qq, a_pq, skip):
     """Jacobi rotation for each Hermitian 2x2 block [[a_pp, a_pq], [a_pq*, a_qq]]
-    (a_pp, a_qq real): (c, s, phase, t) with J = [[c, s phase], [-s phase*, c]]
-    making J^H block J diagonal: diag(a_pp - t |a_pq|, a_qq + t |a_pq|).
-    Golub and Van Loan's sym.schur2, with a phase for complex blocks."""
+    (a_pp, a_qq real, entries scaled to at most ~1): (c, s, phase, t) with
+    J = [[c, s phase], [-s phase*, c]] making J^H block J diagonal:
+    diag(a_pp - t |a_pq|, a_qq + t |a_pq|). Golub and Van Loan's sym.schur2
+    (t the smaller root of t^2 + 2 tau t - 1, tau = (a_qq - a_pp) / 2|a_pq|),
+    with a phase for complex blocks."""
     if jnp.iscomplexobj(a_pq):
         size = jnp.abs(a_pq)
-        phase = jnp.where(size == 0, jnp.ones_like(a_pq), a_pq / jnp.where(size == 0, 1, size))
+        phase = a_pq / jnp.where(size == 0, 1, size).astype(a_pq.dtype)
     else:
         size, phase = a_pq, None
-    skip = skip | (size == 0)
-    tau = (a_qq - a_pp) / (2 * jnp.where(skip, 1, size))
-    u = jnp.abs(tau)
-    root = jnp.where(u > 1, u * jnp.sqrt(1 + (1 / jnp.where(u > 1, u, 1)) ** 2),
-                     jnp.sqrt(1 + u * u))  # sqrt(1 + tau^2) without overflow
-    t = jnp.where(tau >= 0, 1, -1).astype(u.dtype) / (u + root)
+    x = a_qq - a_pp
+    denominator = jnp.abs(x) + jnp.sqrt(x * x + 4 * size * size)
+    t = jnp.where(x >= 0, 2 * size, -2 * size) / jnp.where(denominator == 0, 1, denominator)
     t = jnp.where(skip, 0, t)
     c = 1 / jnp.sqrt(1 + t * t)
     return c, t * c, phase, t * size
 
 
-def _rotate(x, c, s, phase, axis):
-    """x's slices along `axis` in pairs (k, k + n/2): J^H applied from the left
-    (axis -2, rows) or J from the right (axis -1, columns)."""
-    h = x.shape[axis] // 2
-    first, second = jnp.split(x, [h], axis=axis)
-    expand = (lambda v: v[..., :, None]) if axis == x.ndim - 2 else (lambda v: v[..., None, :])
-    c, s = expand(c), expand(s)
-    if phase is None:
-        sp = sq = s
-    else:  # rows: J^H = [[c, -s p], [s p*, c]]; columns: J = [[c, s p], [-s p*, c]]
-        p = expand(phase)
-        sp, sq = (s * p, s * jnp.conj(p)) if axis == x.ndim - 2 else (s * jnp.conj(p), s * p)
-    return jnp.concatenate([c * first - sp * second, sq * first + c * second], axis=axis)
+def _round_matrix(c, s, phase, perm):
+    """The round's rotations followed by its permutation, as one matrix R
+    (x R rotates x's column pairs (k, k + h), then reorders them)."""
+    m = perm.shape[0]
+    h = m // 2
+    below = s if phase is None else s * phase  # J[p, q] = s phase, J[q, p] = -s phase*
+    above = -s if phase is None else -s * jnp.conj(phase)
+    column_c = jnp.concatenate([c, c], -1).astype(below.dtype)
+    column_s = jnp.concatenate([above, below], -1)
+    source = np.arange(m)[perm]  # column j of R is column perm[j] of J
+    partner = (source + h) % m
+    rows = np.arange(m)[:, None]
+    on_diagonal = jnp.asarray((rows == source[None, :]).astype(np.float32), below.dtype)
+    off_diagonal = jnp.asarray((rows == partner[None, :]).astype(np.float32), below.dtype)
+    return (on_diagonal * _permute(column_c, perm, -1)[..., None, :]
+            + off_diagonal * _permute(column_s, perm, -1)[..., None, :])
+
+
+def _matmul(x, y, adjoint_x=False):
+    """x @ y (x^H @ y), batched over the leading dims."""
+    batch = tuple(range(x.ndim - 2))
+    contract = x.ndim - 2 if adjoint_x else x.ndim - 1
+    if adjoint_x and jnp.iscomplexobj(x):
+        x = jnp.conj(x)
+    return lax.dot_general(x, y, (((contract,), (y.ndim - 2,)), (batch, batch)),
+                           precision=lax.Precision.HIGHEST)
 
 
 def _permute(x, perm, axis):
-    return jnp.take(x, jnp.asarray(perm), axis=axis)
+    """x's slices along `axis` reordered by a constant permutation: one plain
+    gather (jnp.take would add index normalisation and out-of-bounds fills)."""
+    axis %= x.ndim
+    dnums = lax.GatherDimensionNumbers(
+        offset_dims=tuple(d for d in range(x.ndim) if d != axis),
+        collapsed_slice_dims=(axis,), start_index_map=(axis,))
+    sizes = tuple(1 if d == axis else x.shape[d] for d in range(x.ndim))
+    return lax.gather(x, jnp.asarray(perm[:, None]), dnums, sizes, unique_indices=True,
+                      mode=lax.GatherScatterMode.PROMISE_IN_BOUNDS)
 
 
-def _repeat(count, body, state):
-    if count == 1:  # a length-1 loop crashes MAX's compiler (SIGSEGV)
-        return body(0, state)
-    return lax.fori_loop(0, count, body, state)
-
-
-def _sweeps(converged, sweep, state):
-    """Run `sweep` until `converged(state)`, at most MAX_SWEEPS times."""
+def _rounds(m, done, round_, state):
+    """One while loop over rounds (not sweeps of rounds: one loop, fewer ops)
+    until `done(state)`, at most MAX_SWEEPS sweeps. The state's last item is
+    the original index at each position."""
     def cond(carry):
         i, state = carry
-        return (i < MAX_SWEEPS) & ~converged(state)
+        return (i < MAX_SWEEPS * (m - 1)) & ~done(state)
 
     def body(carry):
         i, state = carry
-        return i + 1, sweep(state)
+        return i + 1, round_(state)
 
-    return lax.while_loop(cond, body, (jnp.int32(0), state))[1]
+    index = jnp.arange(m, dtype=jnp.int32)
+    return lax.while_loop(cond, body, (jnp.int32(0), (*state, index)))[1]
+
+
+def _in_original_order(x, index, n):
+    """The first n positions in original index order (drops the padding)."""
+    order = jnp.argsort(index)
+    return jnp.take(x, order[:n], axis=-1)
 
 
 def _pad_even(n):
     return n + n % 2
+
+
+def _scaled(a, axes):
+    """a / max|a| (1 where a is zero): keeps the rotations' squares finite."""
+    scale = jnp.max(jnp.abs(a), axis=axes, keepdims=True)
+    scale = jnp.where(scale == 0, 1, scale)
+    return a / scale.astype(a.dtype), scale
 
 
 # --- eigh ----------------------------------------------------------------------
@@ -138,8 +168,10 @@ def _hermitian_from_triangle(a, lower):
 
 def _eigh_jacobi(a, lower):
     """(eigenvalues, eigenvectors) of the Hermitian matrix in a's triangle,
-    unsorted; a (..., n, n) with n >= 1."""
+    unsorted; a (..., n, n) with n >= 1. The diagonal travels as a vector,
+    the rest as a matrix with a zero diagonal."""
     n = a.shape[-1]
+    a, scale = _scaled(a, (-2, -1))
     diag, off = _hermitian_from_triangle(a, lower)
     m = _pad_even(n)
     if m != n:  # a zero row and column: its pairs never rotate
@@ -148,30 +180,31 @@ def _eigh_jacobi(a, lower):
     h = m // 2
     perm = _round_robin(m)
     k = np.arange(m)
-    untouched = jnp.asarray((k[:, None] == k[None, :]) | (np.abs(k[:, None] - k[None, :]) == h))
-    pair_mask = jnp.asarray(np.eye(h, dtype=bool))
+    pairs = np.abs(k[:, None] - k[None, :]) == h
+    upper_pairs = jnp.asarray((k[None, :] - k[:, None] == h).astype(np.float32), off.dtype)
+    # After a round's permutation, where its pairs' entries and the diagonal are:
+    cleared = jnp.asarray(pairs[perm][:, perm] | (k[:, None] == k[None, :]))
     vecs = jnp.broadcast_to(jnp.eye(m, dtype=a.dtype), off.shape)
-    norm = jnp.sqrt(jnp.sum(diag * diag, -1) + jnp.sum(_abs2(off), (-2, -1)))
-    tol = jnp.finfo(diag.dtype).eps * norm
+    tol = jnp.finfo(diag.dtype).eps * jnp.sqrt(
+        jnp.sum(diag * diag, -1) + jnp.sum(_abs2(off), (-2, -1)))
 
-    def round_(_, state):
-        diag, off, vecs = state
-        a_pq = jnp.sum(jnp.where(pair_mask, off[..., :h, h:], 0), -1)
+    def round_(state):
+        diag, off, vecs, index = state
+        a_pq = jnp.sum(off * upper_pairs, -1)[..., :h]
         a_pp, a_qq = diag[..., :h], diag[..., h:]
-        c, s, phase, shift = _rotation(a_pp, a_qq, a_pq, jnp.zeros(a_pq.shape, bool))
-        diag = jnp.concatenate([a_pp - shift, a_qq + shift], -1)
-        off = _rotate(_rotate(off, c, s, phase, off.ndim - 2), c, s, phase, off.ndim - 1)
-        off = jnp.where(untouched, jnp.zeros_like(off), off)  # the pairs are diagonal now
-        vecs = _rotate(vecs, c, s, phase, vecs.ndim - 1)
-        off = _permute(_permute(off, perm, -2), perm, -1)
-        return _permute(diag, perm, -1), off, _permute(vecs, perm, -1)
+        c, s, phase, shift = _rotation(a_pp, a_qq, a_pq, False)
+        diag = _permute(jnp.concatenate([a_pp - shift, a_qq + shift], -1), perm, -1)
+        r = _round_matrix(c, s, phase, perm)
+        off = _matmul(_matmul(r, off, adjoint_x=True), r)
+        off = jnp.where(cleared, jnp.zeros_like(off), off)  # the pairs are diagonal now
+        return diag, off, _matmul(vecs, r), _permute(index, perm, -1)
 
-    def converged(state):
+    def done(state):
         return jnp.all(jnp.sqrt(jnp.sum(_abs2(state[1]), (-2, -1))) <= tol)
 
-    diag, _, vecs = _sweeps(converged, lambda state: _repeat(m - 1, round_, state),
-                            (diag, off, vecs))
-    return diag[..., :n], vecs[..., :n, :n]
+    diag, _, vecs, index = _rounds(m, done, round_, (diag, off, vecs))
+    w = _in_original_order(diag, index, n) * scale[..., 0]
+    return w, _in_original_order(vecs, index, n)[..., :n, :]
 
 
 def _abs2(x):
@@ -205,7 +238,8 @@ rules.register(P.eigh_p)(lower_fun(_eigh, multiple_results=True))
 
 def _svd_jacobi(a):
     """One-sided Jacobi on the columns of a (..., m, n), m >= n >= 1:
-    (a V with orthogonal columns, V)."""
+    (a V with orthogonal columns, V). Stops after a sweep's worth of rounds
+    (n - 1) in a row rotated nothing: every pair's cosine <= eps sqrt(m)."""
     m, n = a.shape[-2:]
     k = _pad_even(n)
     if k != n:  # a zero column: its pairs never rotate
@@ -213,46 +247,42 @@ def _svd_jacobi(a):
     h = k // 2
     perm = _round_robin(k)
     vecs = jnp.broadcast_to(jnp.eye(k, dtype=a.dtype), a.shape[:-2] + (k, k))
-    real = jnp.real(a).dtype
-    tol = jnp.finfo(real).eps * np.sqrt(m)
+    tol = jnp.finfo(jnp.real(a).dtype).eps * np.sqrt(m)
 
-    def round_(_, state):
-        a, vecs = state
+    def round_(state):
+        a, vecs, quiet, index = state
         left, right = a[..., :h], a[..., h:]
         alpha = jnp.sum(_abs2(left), -2)
         beta = jnp.sum(_abs2(right), -2)
         gamma = jnp.sum(jnp.conj(left) * right, -2)
-        small = jnp.abs(gamma) <= tol * jnp.sqrt(alpha) * jnp.sqrt(beta)
+        small = jnp.abs(gamma) <= tol * jnp.sqrt(alpha * beta)
         c, s, phase, _ = _rotation(alpha, beta, gamma, small)
-        a = _permute(_rotate(a, c, s, phase, a.ndim - 1), perm, -1)
-        vecs = _permute(_rotate(vecs, c, s, phase, vecs.ndim - 1), perm, -1)
-        return a, vecs
+        r = _round_matrix(c, s, phase, perm)
+        quiet = jnp.where(jnp.all(small), quiet + 1, 0)
+        return _matmul(a, r), _matmul(vecs, r), quiet, _permute(index, perm, -1)
 
-    def converged(state):
-        a = state[0]
-        gram = jnp.abs(jnp.einsum("...ki,...kj->...ij", jnp.conj(a), a,
-                                  precision=lax.Precision.HIGHEST))
-        norms = jnp.sqrt(jnp.diagonal(gram, axis1=-2, axis2=-1))
-        bound = tol * norms[..., :, None] * norms[..., None, :]
-        return jnp.all((gram <= bound) | jnp.asarray(np.eye(k, dtype=bool)))
+    def done(state):
+        return state[2] >= k - 1
 
-    a, vecs = _sweeps(converged, lambda state: _repeat(k - 1, round_, state), (a, vecs))
-    return a[..., :n], vecs[..., :n, :n]
+    a, vecs, _, index = _rounds(k, done, round_, (a, vecs, jnp.int32(0)))
+    return _in_original_order(a, index, n), _in_original_order(vecs, index, n)[..., :n, :]
 
 
 def _svd_tall(a, compute_uv, full_matrices):
     """svd of a (..., m, n), m >= n >= 1: (s descending, U, V)."""
     m, n = a.shape[-2:]
+    a, scale = _scaled(a, (-2, -1))
     av, v = _svd_jacobi(a)
     s = jnp.sqrt(jnp.sum(_abs2(av), -2))
     order = jnp.argsort(-s, axis=-1)  # stable: ties keep Jacobi's order
-    s = jnp.take_along_axis(s, order, axis=-1)
+    norms = jnp.take_along_axis(s, order, axis=-1)  # of the scaled a's columns
+    s = norms * scale[..., 0]
     if not compute_uv:
         return s, None, None
     av = jnp.take_along_axis(av, order[..., None, :], axis=-1)
     v = jnp.take_along_axis(v, order[..., None, :], axis=-1)
-    nonzero = s > 0
-    u = av / jnp.where(nonzero, s, 1)[..., None, :].astype(a.dtype)
+    nonzero = norms > 0
+    u = av / jnp.where(nonzero, norms, 1)[..., None, :].astype(a.dtype)
     u = jnp.where(nonzero[..., None, :], u, jnp.zeros_like(u))
     # The zero columns (last, after the sort) and, for full matrices, m - n more:
     # the rest of an orthonormal basis, from Householder QR of the ones we have.
