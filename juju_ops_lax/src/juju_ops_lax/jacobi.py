@@ -211,6 +211,14 @@ def _abs2(x):
     return jnp.real(x) ** 2 + jnp.imag(x) ** 2 if jnp.iscomplexobj(x) else x * x
 
 
+def _column_sums(x):
+    """x summed over axis -2. A single column is summed as a row: juju's fast
+    reduction path fails on (..., m, 1) summed over m (issue 14, item 1)."""
+    if x.shape[-1] == 1:
+        return jnp.sum(jnp.swapaxes(x, -1, -2), -1)
+    return jnp.sum(x, -2)
+
+
 def _eigh(a, *, lower, sort_eigenvalues, subset_by_index, algorithm):
     # `algorithm` picks LAPACK's/TPU's method; the decomposition is the same,
     # and juju has one method. Eigenvalues always come out sorted (what XLA's
@@ -252,9 +260,9 @@ def _svd_jacobi(a):
     def round_(state):
         a, vecs, quiet, index = state
         left, right = a[..., :h], a[..., h:]
-        alpha = jnp.sum(_abs2(left), -2)
-        beta = jnp.sum(_abs2(right), -2)
-        gamma = jnp.sum(jnp.conj(left) * right, -2)
+        alpha = _column_sums(_abs2(left))
+        beta = _column_sums(_abs2(right))
+        gamma = _column_sums(jnp.conj(left) * right)
         small = jnp.abs(gamma) <= tol * jnp.sqrt(alpha * beta)
         c, s, phase, _ = _rotation(alpha, beta, gamma, small)
         r = _round_matrix(c, s, phase, perm)
@@ -273,7 +281,7 @@ def _svd_tall(a, compute_uv, full_matrices):
     m, n = a.shape[-2:]
     a, scale = _scaled(a, (-2, -1))
     av, v = _svd_jacobi(a)
-    s = jnp.sqrt(jnp.sum(_abs2(av), -2))
+    s = jnp.sqrt(_column_sums(_abs2(av)))
     order = jnp.argsort(-s, axis=-1)  # stable: ties keep Jacobi's order
     norms = jnp.take_along_axis(s, order, axis=-1)  # of the scaled a's columns
     s = norms * scale[..., 0]
