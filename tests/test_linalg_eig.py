@@ -1,6 +1,8 @@
-"""eigh and svd (juju_ops_lax/jacobi.py) against jax.jit. CI compiles one graph
-(`core`); the other cases compile together in one more, in the full tier
-(`pytest -m full tests/test_linalg_eig.py`).
+"""eigh and svd (juju_ops_lax/jacobi.py) against jax.jit, in the full tier
+(`pytest -m full tests/test_linalg_eig.py`): `core` compiles one graph (a
+batched eigh, a full-matrices svd, a PCA gradient), the other cases one more.
+Each Jacobi loop costs minutes of MAX compile, so CI covers eigh and svd only
+through the conformance sample.
 
 Eigenvalues and singular values are compared with jax.jit's (LAPACK's)
 normwise: |got - expected| <= 2e-5 * max|expected| (float32; Weyl's bound for
@@ -93,7 +95,7 @@ def core(a, tall, x):
 
 
 CASES = {
-    # CI: one graph, three Jacobi loops.
+    # One graph, three Jacobi loops.
     "core": (core, (sym(2, 6, 6), f32(6, 4), f32(12, 4))),
     # The full tier (`-m full`): every parameter, odd sizes, more gradients.
     "eigh": (eigh_cases, (sym(2, 6, 6), np.triu(sym(5, 5)) + np.tril(f32(5, 5), -1))),
@@ -160,6 +162,7 @@ def assert_svd(a, s, u, vt, k=None):
     assert_orthonormal(np.swapaxes(vt, -1, -2))
 
 
+@pytest.mark.full  # each Jacobi loop costs minutes of MAX compile: not in CI
 def test_core(core_results):
     got, expected = core_results["core"]
     a, tall, _ = CASES["core"][1]
