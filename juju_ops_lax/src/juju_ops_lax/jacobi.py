@@ -5,27 +5,31 @@ MAX has no LAPACK, and a loop iteration costs 7-50 us per op it runs, so the
 algorithm must do its work in few, large ops. LAPACK's route (reduce to
 tridiagonal/bidiagonal form, then implicit QR) chases a bulge one scalar at a
 time: O(n^2) iterations of tiny ops. Jacobi instead rotates n/2 disjoint index
-pairs at once: one round is a few elementwise ops over the whole matrix, a
-sweep is n - 1 rounds (every pair once), and 5-10 sweeps converge
-(quadratically) to full precision. Jacobi is as accurate as QR, or more:
-one-sided Jacobi gets small singular values to high relative accuracy
-(Demmel and Veselic 1992), which the eigenvalues of A^H A cannot.
+pairs at once: one round is one matrix R (the pairs' rotations followed by
+the permutation that brings new pairs together) applied by matmuls, about 40
+ops; a sweep is n - 1 rounds (every pair once), and 5-10 sweeps converge
+(quadratically) to full precision, all in ONE while loop over rounds. Jacobi
+is as accurate as QR, or more: one-sided Jacobi gets small singular values to
+high relative accuracy (Demmel and Veselic 1992), which the eigenvalues of
+A^H A cannot.
 
-- eigh: two-sided Jacobi. The diagonal is kept as its own vector, the
-  off-diagonal part as a matrix with a zero diagonal; each round rotates the
-  rows and columns of every pair, zeroes the pairs' entries exactly, and then
-  permutes the positions so that the next round meets new pairs. After a
-  sweep the positions are back in order.
+- eigh: two-sided Jacobi. The diagonal is kept as its own vector (updated
+  exactly), the off-diagonal part as a matrix with a zero diagonal:
+  off <- R^H off R, with the pairs' entries zeroed after each round.
 - svd: one-sided (Hestenes) Jacobi on A's columns (on A^H's when A is wide):
-  each round orthogonalises n/2 column pairs; at the end the column norms are
-  the singular values, the normalised columns U, the accumulated rotations V.
-  Missing columns of U (full_matrices, or zero singular values) come from a
-  Householder QR of U, which completes it to an orthonormal basis.
+  A <- A R orthogonalises n/2 column pairs per round; at the end the column
+  norms are the singular values, the normalised columns U, the accumulated
+  rotations V. Missing columns of U (full_matrices, or zero singular values)
+  come from a Householder QR of U, which completes it to an orthonormal basis.
 
-Sweeps stop when converged (eigh: off-diagonal norm <= eps ||A||_F; svd: every
-column pair's cosine <= eps sqrt(m)), at most MAX_SWEEPS. Eigenvalues come out
-ascending, singular values descending, as LAPACK's; the vectors' signs (phases)
-are Jacobi's, not LAPACK's: both are valid.
+The loop stops when converged (eigh: off-diagonal norm <= eps ||A||_F; svd:
+n - 1 rounds in a row with every column pair's cosine <= eps sqrt(m)), at most
+MAX_SWEEPS sweeps. Inputs are scaled by max|a| first (the rotations square
+entries). Eigenvalues come out ascending, singular values descending, as
+LAPACK's; the vectors' signs (phases) are Jacobi's, not LAPACK's: both are
+valid. Measured (jax with this code, random matrices, vs float64 LAPACK): at
+n = 50, eigenvalue error ~3 eps ||A||, residual ||A V - V W||_F ~10 eps ||A||_F,
+||V^H V - I||_F ~120 eps (float32) to 250 eps (float64).
 """
 
 from __future__ import annotations
