@@ -390,7 +390,7 @@ class Lowered:
 
     @functools.cached_property
     def kernel_paths(self) -> list:
-        return [plugins.kernel_library(n).path() for n in sorted(self.kernel_names)]
+        return [plugins.kernel_library_path(n) for n in sorted(self.kernel_names)]
 
     def build_graph(self, module=None):
         return build_graph(

@@ -206,7 +206,7 @@ def _build() -> None:
         info.rule_count = len(pack_rules)
         rules += stamp(pack_rules, info.name, info.version)
         for lib in pack_libraries:
-            libraries[lib.name] = KernelLibrary(lib.name, _reporting_path(lib, info.name))
+            libraries[lib.name] = lib
             info.libraries.append(lib.name)
         rewrites += [(info.name, fn) for fn in pack_rewrites]
 
@@ -278,22 +278,20 @@ def _collect(pm, info: PackInfo) -> tuple[list[Rule], list[KernelLibrary], list[
     return rules, libraries, rewrites
 
 
-def _reporting_path(lib: KernelLibrary, pack: str) -> Callable[[], os.PathLike]:
-    """`lib.path`, whose failures name the pack and library."""
-
-    def path():
-        try:
-            return lib.path()
-        except JujuError as exc:  # e.g. CompileError with the compiler's output
-            exc.add_note(f"  (kernel library '{lib.name}' of pack '{pack}')")
-            raise
-        except Exception as exc:
-            raise PackError(
-                f"pack '{pack}': building or finding its kernel library '{lib.name}' failed: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-
-    return path
+def kernel_library_path(name: str) -> os.PathLike:
+    """The built library `name` (`KernelLibrary.path()`), failures naming its pack."""
+    lib = kernel_library(name)
+    pack = next((i.name for i in _state.packs if name in i.libraries), "unknown")
+    try:
+        return lib.path()
+    except JujuError as exc:  # e.g. CompileError with the compiler's output
+        exc.add_note(f"  (kernel library '{name}' of pack '{pack}')")
+        raise
+    except Exception as exc:
+        raise PackError(
+            f"pack '{pack}': building or finding its kernel library '{name}' failed: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def _short(value) -> str:
