@@ -1,7 +1,7 @@
 """`python -m juju`: the installed packs, their rules, and who lowers what.
 
     python -m juju                 # packs, versions, rule counts, load errors
-    python -m juju which sin       # the rules for a primitive, winner first
+    python -m juju which sin       # the rules for a primitive, winner first (or the fallback)
     python -m juju rules [PACK]    # every primitive a pack lowers
     python -m juju precompile pkg.module:fn --shapes float32[128,784] float32[784]
                                    # compile into the persistent cache ahead of time
@@ -43,6 +43,8 @@ def main(argv=None) -> int:
 
     if args.command == "which":
         found = [p for p in registry.primitives() if p.name == args.primitive]
+        if not found and _print_fallback(args.primitive, registry):
+            return 0
         if not found:
             print(f"no loaded pack lowers '{args.primitive}'")
             from juju._hints import provider_hint
@@ -123,6 +125,22 @@ def _precompile(args) -> int:
     print(f"juju: {args.function} is in the persistent cache ({cache.directory()}), "
           f"{time.perf_counter() - start:.1f} s")
     return 0
+
+
+def _print_fallback(name, registry) -> bool:
+    """For a primitive only the core's fallback lowers, say so."""
+    from juju import coverage
+
+    primitive = coverage.find(name)
+    if primitive is None:
+        return False
+    status, detail = coverage.classify(primitive, registry)
+    if status != "fallback":
+        return False
+    (rule,) = registry.catch_all()
+    print(f"{name}: no pack has a rule; lowered via its JAX implementation ({detail}),")
+    print(f"  traced into the graph by {rule.describe()}")
+    return True
 
 
 if __name__ == "__main__":

@@ -26,7 +26,9 @@ primitives = jex_core.primitives
 call_primitives = tuple(dict.fromkeys([primitives.closed_call_p, primitives.call_p]))
 
 # Not exported by jax.extend (JAX 0.10); only needed as a registry key.
-from jax._src.lax.lax import optimization_barrier_p, split_p, stack_p, unstack_p  # noqa: E402
+from jax._src.lax.lax import (  # noqa: E402
+    optimization_barrier_p, split_p, stack_p, tile_p, unstack_p,
+)
 from jax._src.export.shape_poly import dim_as_value_p  # noqa: E402,F401  (symbolic shapes)
 
 
@@ -238,3 +240,44 @@ def dce(closed_jaxpr):
     if len(pruned.eqns) == len(jaxpr.eqns):
         return closed_jaxpr
     return ClosedJaxpr(pruned, closed_jaxpr.consts)
+
+
+# --- the fallback: JAX's own implementation of a primitive (issue 14) ------------
+
+from jax._src.interpreters import mlir as _mlir  # noqa: E402
+
+# Every rule `mlir.lower_fun(fun, multiple_results)` returns is a closure over
+# `fun` with this code object: how a traced lowering is told from one that
+# emits StableHLO itself.
+_LOWER_FUN_CODE = _mlir.lower_fun(lambda: None).__code__
+
+
+def jax_implementation(primitive, platform: str = "cpu"):
+    """`(fun, multiple_results)`: the JAX function that XLA's lowering of
+    `primitive` traces (`mlir.lower_fun(fun, ...)`), the `platform`'s own
+    lowering first, else the default one; None when neither traces a JAX
+    function (it emits StableHLO directly, or none is registered)."""
+    for table in (_mlir._platform_specific_lowerings.get(platform, {}), _mlir._lowerings):
+        entry = table.get(primitive)
+        found = _lower_fun_target(getattr(entry, "rule", None))
+        if found is not None:
+            return found
+    return None
+
+
+def _lower_fun_target(rule):
+    if getattr(rule, "__code__", None) is not _LOWER_FUN_CODE or rule.__closure__ is None:
+        return None
+    cells = dict(zip(rule.__code__.co_freevars, (c.cell_contents for c in rule.__closure__)))
+    if "fun" not in cells:
+        return None
+    return cells["fun"], bool(cells.get("multiple_results", True))
+
+
+def lowered_primitives() -> set:
+    """Every primitive with an XLA lowering registered (any platform): what
+    `jax.jit` can compile, from jax and from any library imported so far."""
+    found = set(_mlir._lowerings)
+    for table in _mlir._platform_specific_lowerings.values():
+        found.update(table)
+    return found

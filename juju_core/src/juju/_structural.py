@@ -1,6 +1,7 @@
 """The core's built-in structural rules, registered through `juju_rules` like
 any pack: calls that wrap a sub-jaxpr and identities that only matter to JAX's
-transformations or to multi-device placement. No numeric rules live here.
+transformations or to multi-device placement, and the fallback that traces a
+primitive's own JAX implementation (juju/fallback.py). No numeric rules live here.
 """
 
 from __future__ import annotations
@@ -64,4 +65,6 @@ for _prim in (P.device_put_p, optimization_barrier_p):
 
 @hookimpl
 def juju_rules():
-    return [rules]
+    from juju import fallback  # any primitive with a traceable JAX implementation
+
+    return [rules, fallback.rules]

@@ -183,8 +183,6 @@ def find_missing_rules(jaxpr, registry: Registry, device: DeviceRef) -> tuple[li
 
 
 def _missing_error(eqns, registry: Registry) -> MissingRuleError:
-    from juju._hints import provider_hint
-
     packs = [f"{p.name} {p.version}" for p in registry.packs if p.loaded]
     return MissingRuleError(
         [
@@ -192,12 +190,21 @@ def _missing_error(eqns, registry: Registry) -> MissingRuleError:
                 primitive=e.primitive.name,
                 equation=equation_text(e),
                 source=source_line(e),
-                hint=provider_hint(e.primitive.name, registry),
+                hint=_hint(e, registry),
             )
             for e in eqns
         ],
         packs,
     )
+
+
+def _hint(eqn, registry: Registry) -> str:
+    from juju._hints import provider_hint
+    from juju.fallback import why_not
+
+    hint = provider_hint(eqn.primitive.name, registry)
+    why = why_not(eqn) if registry.catch_all() else None
+    return f"{hint}; no fallback: {why}" if why else hint
 
 
 def check_rules(closed_jaxpr, registry: Registry, device: DeviceRef) -> set[str]:

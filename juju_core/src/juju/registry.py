@@ -22,10 +22,24 @@ from juju.errors import RuleConflictError
 class Priority(IntEnum):
     """Where a rule stands when several can lower the same primitive."""
 
+    FALLBACK = -100  # the core's rule for any primitive with a traceable JAX implementation
     GENERIC = 0  # structural rules and juju-ops-lax
     FUSED = 100  # pattern-level rules onto MAX's fused ops (juju-ops-nn)
     KERNEL = 200  # hand-written kernels (juju-kernels-mojo)
     USER = 300  # juju.Primitive rules defined by the user
+
+
+class _AnyPrimitive:
+    """The key of catch-all rules: tried for every primitive, after (or
+    before, by priority) the primitive's own rules; their guard decides."""
+
+    name = "*"
+
+    def __repr__(self):
+        return "ANY_PRIMITIVE"
+
+
+ANY_PRIMITIVE = _AnyPrimitive()
 
 
 @dataclass(frozen=True)
@@ -126,15 +140,32 @@ class Registry:
         #: primitive -> the message of its rule conflict (see `select`)
         self.conflicts: dict[object, str] = _find_conflicts(self._rules)
         self.fingerprint = _fingerprint(self._rules)
+        self._catch_all = self._rules.pop(ANY_PRIMITIVE, ())
+        self._candidates: dict[object, tuple[Rule, ...]] = {}
 
     def rules_for(self, primitive) -> tuple[Rule, ...]:
+        """The rules registered for `primitive` itself, highest priority first."""
         return self._rules.get(primitive, ())
 
+    def catch_all(self) -> tuple[Rule, ...]:
+        """The rules registered for ANY_PRIMITIVE (the core's fallback)."""
+        return self._catch_all
+
+    def candidates(self, primitive) -> tuple[Rule, ...]:
+        """What `select` tries for `primitive`: its rules and the catch-all
+        ones, highest priority first (its own first at equal priority)."""
+        found = self._candidates.get(primitive)
+        if found is None:
+            merged = self.rules_for(primitive) + self._catch_all
+            found = self._candidates[primitive] = tuple(sorted(merged, key=lambda r: -r.priority))
+        return found
+
     def primitives(self) -> list:
+        """The primitives with rules of their own (not those only a catch-all lowers)."""
         return list(self._rules)
 
     def all_rules(self) -> list[Rule]:
-        return [r for rules in self._rules.values() for r in rules]
+        return [r for rules in self._rules.values() for r in rules] + list(self._catch_all)
 
     def select(self, ctx, libraries: frozenset | None = None) -> Rule | None:
         """The winning rule for the equation in `ctx`, or None.
@@ -148,7 +179,7 @@ class Registry:
         conflict = self.conflicts.get(ctx.eqn.primitive)
         if conflict is not None:
             raise RuleConflictError(conflict)
-        for rule in self._rules.get(ctx.eqn.primitive, ()):
+        for rule in self.candidates(ctx.eqn.primitive):
             if libraries is not None and not libraries.issuperset(rule.requires):
                 continue
             if rule.guard is None or rule.guard(ctx):

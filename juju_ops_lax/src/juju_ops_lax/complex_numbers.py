@@ -19,7 +19,7 @@ from jax import lax
 from max.graph import ops
 
 from juju import RuleSet, lower_fun, on_parts
-from juju._compat import is_complex_dtype, jax_impls, primitives as P, split_p
+from juju._compat import is_complex_dtype, jax_impls, primitives as P, split_p, tile_p
 from juju.lowering_helpers import C, has_complex
 from juju.errors import UnsupportedDtypeError
 from juju_ops_lax._util import lower_per_word
@@ -39,7 +39,7 @@ def _register(*prims):
 _PER_PART = [
     P.broadcast_in_dim_p, P.concatenate_p, P.copy_p, P.dynamic_slice_p,
     P.dynamic_update_slice_p, P.gather_p, P.pad_p, P.reshape_p, P.rev_p, P.scatter_p,
-    P.scatter_add_p, P.select_n_p, P.slice_p, P.squeeze_p, P.transpose_p, split_p,
+    P.scatter_add_p, P.select_n_p, P.slice_p, P.squeeze_p, P.transpose_p, split_p, tile_p,
     P.reduce_sum_p, P.cumsum_p, P.reduce_window_sum_p, P.add_p, P.sub_p, P.neg_p,
     P.add_jaxvals_p,
 ]

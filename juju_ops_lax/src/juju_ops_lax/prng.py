@@ -27,6 +27,7 @@ from juju._compat import (
     random_unwrap_p,
     random_wrap_p,
     stack_p,
+    tile_p,
     unstack_p,
 )
 from juju_ops_lax._util import lower_per_word
@@ -129,6 +130,7 @@ _PER_WORD = [
     P.slice_p,
     P.squeeze_p,
     stack_p,
+    tile_p,
     unstack_p,
     P.transpose_p,
 ]

@@ -1,13 +1,15 @@
-"""Reductions: sum, prod, max, min, and/or, argmax/argmin."""
+"""Reductions: sum, prod, max, min, and/or/xor, argmax/argmin."""
 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
+from jax import lax
 from max.graph import ops
 
-from juju import RuleSet
+from juju import RuleSet, lower_fun
 from juju._compat import primitives as P
 from juju.dtypes import max_shape, static_shape
 from juju_ops_lax._util import is_bool, is_float, reduce_axis, scalar
@@ -15,12 +17,18 @@ from juju_ops_lax._util import is_bool, is_float, reduce_axis, scalar
 rules = RuleSet()
 
 
-def _reduce(op, ctx, x, axes):
+def _reduce(op, ctx, x, axes, identity=None):
     """Reduce `axes`: each run of adjacent axes merged into one (a reshape,
-    free) and reduced at once, MAX keeping it as size 1; then drop them."""
+    free) and reduced at once, MAX keeping it as size 1; then drop them.
+    `identity`: the result of an empty reduction, when not op's own."""
     if not axes:
         return x
     shape = static_shape(ctx.avals_in[0].shape)
+    if shape is not None and any(shape[axis] == 0 for axis in axes):
+        # Nothing to reduce: the identity (MAX's reduction leaves memory unset).
+        dtype = x.dtype.to_numpy()
+        value = np.asarray(_identity(op, dtype) if identity is None else identity, dtype)
+        return ops.broadcast_to(ctx.constant(value, value.dtype), list(ctx.aval_out.shape))
     if shape is None:  # symbolic dimensions: one axis at a time
         for axis in sorted(axes, reverse=True):
             x = reduce_axis(op, x, axis)
@@ -41,6 +49,25 @@ def _reduce(op, ctx, x, axes):
     return ops.reshape(x, list(ctx.aval_out.shape))
 
 
+def _reduce_bools(op, ctx, x, axes):
+    """max (any) or min (all) of bools, as int32 0/1."""
+    as_int = ops.cast(x, ctx.max_dtype(np.int32))
+    reduced = _reduce(op, ctx, as_int, axes, identity=int(op is ops.min))
+    return ops.cast(reduced, ctx.max_dtype(np.bool_))
+
+
+def _identity(op, dtype):
+    """op's identity on `dtype`."""
+    if op is ops.sum:
+        return 0
+    if op is ops.prod:
+        return 1
+    if np.issubdtype(dtype, np.floating):
+        return -np.inf if op is ops.max else np.inf
+    info = np.iinfo(dtype)
+    return info.min if op is ops.max else info.max
+
+
 @rules.register(P.reduce_sum_p)
 def lower_reduce_sum(ctx, x, *, axes, out_sharding=None):
     if is_bool(ctx.avals_in[0].dtype):
@@ -59,8 +86,7 @@ def _nan_aware(op):
     def lower(ctx, x, *, axes, out_sharding=None):
         dtype = ctx.avals_in[0].dtype
         if is_bool(dtype):  # max of bools is any, min is all
-            as_int = ops.cast(x, ctx.max_dtype(np.int32))
-            return ops.cast(_reduce(op, ctx, as_int, axes), ctx.max_dtype(np.bool_))
+            return _reduce_bools(op, ctx, x, axes)
         result = _reduce(op, ctx, x, axes)
         if not is_float(dtype) or not axes:
             return result
@@ -76,16 +102,40 @@ rules.register(P.reduce_max_p)(_nan_aware(ops.max))
 rules.register(P.reduce_min_p)(_nan_aware(ops.min))
 
 
-@rules.register(P.reduce_or_p)
-def lower_reduce_or(ctx, x, *, axes):
-    as_int = ops.cast(x, ctx.max_dtype(np.int32))
-    return ops.cast(_reduce(ops.max, ctx, as_int, axes), ctx.max_dtype(np.bool_))
+def _fold(combine, identity, x, *, axes):
+    """Reduce `axes` of x with a bitwise `combine`, by halving (MAX has no
+    bitwise reduction): log2(n) elementwise steps per axis."""
+    from juju_ops_lax.reduce_generic import _reduce_axis
+
+    out_shape = [n for d, n in enumerate(x.shape) if d not in axes]
+    if any(x.shape[d] == 0 for d in axes):
+        return lax.full(out_shape, identity(x.dtype), x.dtype)
+    for axis in axes:
+        (x,) = _reduce_axis([x], lambda a, b: [combine(a, b)], axis)
+    return lax.reshape(x, out_shape)
 
 
-@rules.register(P.reduce_and_p)
-def lower_reduce_and(ctx, x, *, axes):
-    as_int = ops.cast(x, ctx.max_dtype(np.int32))
-    return ops.cast(_reduce(ops.min, ctx, as_int, axes), ctx.max_dtype(np.bool_))
+def _bitwise_reduce(combine, identity, bool_op):
+    """and/or/xor over axes: on bools the int32 min/max when there is one
+    (`bool_op`), on integers (bitwise, XLA allows them) the halving fold."""
+    fold = lower_fun(partial(_fold, combine, identity))
+
+    def lower(ctx, x, *, axes):
+        if bool_op is not None and is_bool(ctx.avals_in[0].dtype):
+            return _reduce_bools(bool_op, ctx, x, axes)
+        return fold(ctx, x, axes=axes)
+
+    lower.decomposition = fold.decomposition
+    return lower
+
+
+def _all_ones(dtype):
+    return np.array(-1).astype(dtype) if not is_bool(dtype) else True
+
+
+rules.register(P.reduce_or_p)(_bitwise_reduce(lax.bitwise_or, lambda dtype: 0, ops.max))
+rules.register(P.reduce_and_p)(_bitwise_reduce(lax.bitwise_and, _all_ones, ops.min))
+rules.register(P.reduce_xor_p)(_bitwise_reduce(lax.bitwise_xor, lambda dtype: 0, None))
 
 
 def _arg_reduce(op, name):

@@ -1,4 +1,4 @@
-"""Shape primitives: broadcast, reshape, transpose, slice, concatenate, iota."""
+"""Shape primitives: broadcast, reshape, transpose, slice, concatenate, tile, iota."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 from max.graph import ops
 
 from juju import RuleSet
-from juju._compat import dim_as_value_p, primitives as P, split_p, stack_p, unstack_p
+from juju._compat import dim_as_value_p, primitives as P, split_p, stack_p, tile_p, unstack_p
 from juju.dtypes import max_dim, max_shape
 from juju_ops_lax._util import reject
 
@@ -91,6 +91,16 @@ def lower_unstack(ctx, x, *, axis):
         index[axis] = i  # an integer index drops the axis
         outs.append(x[tuple(index)])
     return outs
+
+
+@rules.register(tile_p)
+def lower_tile(ctx, x, *, reps):
+    # As XLA lowers it: each axis n broadcast to (rep, n), then the pairs merged.
+    shape = ctx.avals_in[0].shape
+    paired = [d for n in shape for d in (1, n)]
+    tiled = [d for r, n in zip(reps, shape) for d in (r, n)]
+    expanded = ops.broadcast_to(ops.reshape(x, paired), tiled)
+    return ops.reshape(expanded, list(ctx.aval_out.shape))
 
 
 @rules.register(P.rev_p)
