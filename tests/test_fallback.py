@@ -160,7 +160,8 @@ def test_coverage_lists_every_registered_primitive_with_its_status():
 
     status = {e.name: e.status for e in coverage.entries()}
     assert status["sin"] == "rule" and status["tile"] == "rule"
-    assert status["pure_callback"] == "none"  # XLA lowers it itself: no JAX implementation
+    assert status["pure_callback"] == status["debug_callback"] == "host"  # juju/host.py
+    assert status["rng_bit_generator"] == "rule"
     assert status["test_scaled_softplus"] == "fallback"  # defined in this module
     if eqx is not None:
         assert status["unvmap_any"] == status["maybe_set"] == "fallback"

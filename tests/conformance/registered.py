@@ -43,8 +43,10 @@ def section() -> list[str]:
         "**rule**: a pack's rule (which pack); **via its JAX implementation**: no",
         "rule, lowered by the core's fallback (juju/fallback.py), which traces the",
         "function XLA's own lowering traces (`mlir.lower_fun`) into the graph;",
-        "**nothing**: `MissingRuleError` (XLA lowers it to StableHLO directly, or it",
-        "is a multi-device, Pallas, callback, mutable-state or sharding primitive).",
+        "**on the host**: a host callback, run in Python between MAX graphs",
+        "(juju/host.py, docs/callbacks.md); **nothing**: `MissingRuleError` (XLA",
+        "lowers it to StableHLO directly, or it is a multi-device, Pallas,",
+        "mutable-state or sharding primitive).",
         "",
         *coverage.markdown(rows).splitlines(),
     ]

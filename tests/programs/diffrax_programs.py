@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.programs.registry import EQX_PRIMITIVES, program
+from tests.programs.registry import MATMUL_EPILOGUE, program
 
 
 @program("diffrax_ode_adaptive", "diffrax", rtol=1e-4, atol=1e-5,
-         xfail=EQX_PRIMITIVES)
+         xfail=MATMUL_EPILOGUE)
 def diffrax_ode_adaptive():
     import diffrax
     import jax.numpy as jnp
@@ -31,7 +31,7 @@ def diffrax_ode_adaptive():
 
 
 @program("diffrax_ode_gradient", "diffrax", rtol=1e-4, atol=1e-5,
-         xfail=EQX_PRIMITIVES)
+         xfail=MATMUL_EPILOGUE)
 def diffrax_ode_gradient():
     import diffrax
     import jax
@@ -48,7 +48,7 @@ def diffrax_ode_gradient():
 
 
 @program("diffrax_sde", "diffrax", rtol=1e-4, atol=1e-5,
-         xfail=EQX_PRIMITIVES)
+         xfail=MATMUL_EPILOGUE)
 def diffrax_sde():
     import diffrax
     import jax.numpy as jnp

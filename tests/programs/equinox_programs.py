@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.programs.registry import SIZE1_AXIS, program
+from tests.programs.registry import program
 
 
 @program("eqx_mlp", "equinox", rtol=1e-5, atol=1e-6, ci=True)
@@ -24,8 +24,7 @@ def eqx_mlp():
     return forward, (params, x)
 
 
-@program("eqx_filter_value_and_grad", "equinox", rtol=1e-4, atol=1e-6,
-         xfail=SIZE1_AXIS)
+@program("eqx_filter_value_and_grad", "equinox", rtol=1e-4, atol=1e-6)
 def eqx_filter_value_and_grad():
     import equinox as eqx
     import jax

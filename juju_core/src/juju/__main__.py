@@ -128,13 +128,17 @@ def _precompile(args) -> int:
 
 
 def _print_fallback(name, registry) -> bool:
-    """For a primitive only the core's fallback lowers, say so."""
+    """For a primitive only the core's fallback or juju.host runs, say so."""
     from juju import coverage
 
     primitive = coverage.find(name)
     if primitive is None:
         return False
     status, detail = coverage.classify(primitive, registry)
+    if status == "host":
+        print(f"{name}: a host callback; juju runs it in Python between MAX graphs "
+              "(juju.host, docs/callbacks.md)")
+        return True
     if status != "fallback":
         return False
     (rule,) = registry.catch_all()

@@ -6,6 +6,8 @@ imports are isolated so that a JAX upgrade breaks exactly one module.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import jax
 from jax.core import ShapedArray, Tracer  # noqa: F401  (re-exported)
@@ -281,3 +283,34 @@ def lowered_primitives() -> set:
     for table in _mlir._platform_specific_lowerings.values():
         found.update(table)
     return found
+
+
+# --- host callbacks (juju/host.py) -------------------------------------------------
+
+from jax._src import callback as _callback  # noqa: E402
+from jax._src import debugging as _debugging  # noqa: E402
+
+# primitive -> its host implementation, impl(*args, **params) -> results. jax's
+# own impls of pure_callback and io_callback dispatch through XLA; these are the
+# functions XLA's lowering calls back into.
+host_callback_impls = {
+    _callback.pure_callback_p: _callback.pure_callback_impl,
+    _callback.io_callback_p: _callback.io_callback_impl,
+    _debugging.debug_callback_p: _debugging.debug_callback_p.impl,
+}
+if getattr(_debugging, "debug_print_p", None) is not None:  # jax >= 0.8
+    host_callback_impls[_debugging.debug_print_p] = _debugging.debug_print_p.impl
+
+
+def bind_equation(eqn, invals) -> list:
+    """Bind `eqn`'s primitive to `invals` as `jax.core.eval_jaxpr` does (its
+    results as a list). jax 0.10 returns a call's params with `subfuns` in
+    them; older releases returned `(subfuns, params)`."""
+    params = eqn.primitive.get_bind_params(eqn.params)
+    subfuns = ()
+    if isinstance(params, tuple):
+        subfuns, params = params
+    manager = getattr(getattr(eqn, "ctx", None), "manager", None)
+    with manager if manager is not None else contextlib.nullcontext():
+        outs = eqn.primitive.bind(*subfuns, *invals, **params)
+    return list(outs) if eqn.primitive.multiple_results else [outs]

@@ -14,7 +14,9 @@ import importlib.util
 import sys
 from dataclasses import dataclass
 
-from juju._compat import JaxPrimitive, jax_implementation, lowered_primitives
+from juju._compat import (
+    JaxPrimitive, host_callback_impls, jax_implementation, lowered_primitives,
+)
 
 # Libraries whose primitives are listed when installed (imported to register them).
 LIBRARIES = ("equinox", "lineax", "optimistix", "diffrax", "optax", "flax", "haiku", "numpyro",
@@ -28,7 +30,7 @@ _JAX_MODULES = ("jax.numpy", "jax.scipy.special", "jax.scipy.linalg", "jax.exper
 class Entry:
     name: str
     library: str  # top-level package whose module defines it ("?": only in JAX's table)
-    status: str  # "rule", "fallback" or "none"
+    status: str  # "rule", "host", "fallback" or "none"
     detail: str  # the packs with rules, or the JAX implementation traced
 
 
@@ -81,6 +83,8 @@ def classify(primitive, registry) -> tuple[str, str]:
     rules = registry.rules_for(primitive)
     if rules:
         return "rule", ", ".join(sorted({r.pack for r in rules}))
+    if primitive in host_callback_impls:
+        return "host", "juju.host"
     found = jax_implementation(primitive)
     if found is not None and registry.catch_all():
         return "fallback", describe_implementation(found[0])
@@ -108,18 +112,20 @@ def find(name: str):
 
 def markdown(rows: list[Entry]) -> str:
     """The table docs/coverage.md shows, with a count per status."""
-    counts = {s: sum(e.status == s for e in rows) for s in ("rule", "fallback", "none")}
+    counts = {s: sum(e.status == s for e in rows) for s in ("rule", "host", "fallback", "none")}
     libraries = sorted({e.library for e in rows} - {"jax", "?"})
     lines = [
         f"{len(rows)} primitives (jax{''.join(', ' + lib for lib in libraries)}): "
-        f"{counts['rule']} with a rule, {counts['fallback']} via their JAX implementation "
+        f"{counts['rule']} with a rule, {counts['host']} host callbacks run on the host "
+        f"between MAX graphs, {counts['fallback']} via their JAX implementation "
         f"(the fallback), {counts['none']} with nothing.",
         "",
         "| primitive | library | lowered by |",
         "|---|---|---|",
     ]
     for e in rows:
-        how = {"rule": f"rule ({e.detail})", "fallback": f"via its JAX implementation "
+        how = {"rule": f"rule ({e.detail})", "host": "on the host, between MAX graphs "
+               "(docs/callbacks.md)", "fallback": f"via its JAX implementation "
                f"(`{e.detail}`)", "none": "**nothing**"}[e.status]
         lines.append(f"| `{e.name}` | {e.library} | {how} |")
     return "\n".join(lines) + "\n"

@@ -96,6 +96,8 @@ def _buffer_signature(leaf):
 
 
 def _spec_signature(leaf):
+    if is_key_dtype(leaf.dtype):  # a jax.ShapeDtypeStruct of PRNG keys
+        return (tuple(leaf.shape), leaf.dtype, False)
     return (tuple(leaf.shape), canonical_dtype(leaf.dtype), bool(leaf.weak_type))
 
 
@@ -350,6 +352,16 @@ class Lowered:
     kernel_names: frozenset
     name: str
     traced_jaxpr: Any = None  # before juju's rewrites: what the XLA tier runs (tiers.py)
+    tierable = True  # XLA may serve while MAX compiles (host.StagedLowered may not)
+
+    @property
+    def parts(self) -> list:
+        """The graphs MAX compiles for this function: itself."""
+        return [self]
+
+    def assemble(self):
+        """The executable, once `parts` are compiled (in the jit caches)."""
+        return self.jit_function._cache[self.key]
 
     @property
     def in_tree(self):
@@ -528,7 +540,13 @@ def compile_all(lowered: Sequence[Lowered]) -> list[Compiled]:
     """
     for low in lowered:
         tiers.wait(low.jit_function, {low.key})
-    return _load_executables(lowered)
+    _load_executables([part for low in lowered for part in low.parts])
+    compiled = []
+    for low in lowered:
+        executable = low.jit_function._cache.get(low.key) or low.assemble()
+        low.jit_function._cache[low.key] = executable
+        compiled.append(Compiled(low, executable))
+    return compiled
 
 
 def _load_executables(lowered: Sequence[Lowered]) -> list[Compiled]:
@@ -707,7 +725,7 @@ class JitFunction:
                 executable = self._symbolic_executable(key, dyn_args)
             if executable is None:
                 lowered = self._lower(key, treedef, statics, _avals(signature))
-                if tiers.enabled(self):
+                if lowered.tierable and tiers.enabled(self):
                     return tiers.call(self, lowered, leaves)
                 lowered.compile()
                 executable = self._cache[key]
@@ -792,6 +810,15 @@ class JitFunction:
     def _new_lowered(self, key, treedef, statics, avals) -> Lowered:
         traced, out_tree = self._trace_to_jaxpr(treedef, statics, avals)
         traced = dce(traced)
+        from juju import host  # imports this module
+
+        if host.has_callbacks(traced):  # staged: MAX graphs between host callbacks
+            return host.StagedLowered(
+                jit_function=self, key=key, closed_jaxpr=traced, out_tree=out_tree,
+                in_dtypes=[a.dtype for a in avals], kernel_names=frozenset(),
+                name=_graph_name(self.fun), traced_jaxpr=traced,
+                plan=host.build_plan(self, traced),
+            )
         closed = apply_rewrites(traced)  # dead code first: rewrites match cleaner
         registry = plugins.registry()
         required = check_rules(closed, registry, self.engine.device_ref)

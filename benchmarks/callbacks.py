@@ -1,0 +1,77 @@
+"""The cost of a host callback in juju (juju/host.py) and in `jax.jit`.
+
+    python -m benchmarks.callbacks
+
+Per-call medians of: a small function with no callback, the same with one
+`jax.debug.callback` (a no-op) in the middle, and a 256-step `fori_loop`
+whose body holds that callback (per step). juju runs the program as MAX
+graphs between host steps (docs/callbacks.md).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import juju
+
+STEPS = 256
+
+
+def noop(*_):
+    pass
+
+
+def plain(x):
+    return jnp.tanh(x * 2.0 + 1.0).sum()
+
+
+def one_callback(x):
+    y = x * 2.0 + 1.0
+    jax.debug.callback(noop, y)
+    return jnp.tanh(y).sum()
+
+
+def loop(x):
+    def body(i, c):
+        jax.debug.callback(noop, c)
+        return jnp.tanh(c) * 0.5 + 0.1
+
+    return jax.lax.fori_loop(0, STEPS, body, x)
+
+
+def median_seconds(fn, x, repeats=30):
+    fn(x)
+    jax.effects_barrier()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn(x)
+        jax.block_until_ready(out) if not hasattr(out, "to_numpy") else out.to_numpy()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main():
+    x = np.linspace(-1, 1, 64, dtype=np.float32)
+    print("| program | juju | jax.jit |")
+    print("|---|---:|---:|")
+    results = {}
+    for f in (plain, one_callback, loop):
+        mine = juju.jit(f, tiered=False)
+        mine.lower(x).compile()
+        results[f.__name__] = (median_seconds(mine, x), median_seconds(jax.jit(f), x))
+    for name, (j, x_) in results.items():
+        print(f"| {name} | {j * 1e6:.0f} us | {x_ * 1e6:.0f} us |")
+    (jp, xp), (jc, xc), (jl, xl) = results.values()
+    print(f"\none callback adds {(jc - jp) * 1e6:.0f} us in juju, {(xc - xp) * 1e6:.0f} us in jax.jit; "
+          f"a loop step with a callback costs {jl / STEPS * 1e6:.1f} us in juju, "
+          f"{xl / STEPS * 1e6:.1f} us in jax.jit")
+
+
+if __name__ == "__main__":
+    main()

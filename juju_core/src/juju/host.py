@@ -1,0 +1,417 @@
+"""Programs with host callbacks: `jax.pure_callback`, `io_callback`,
+`jax.debug.print` and `jax.debug.callback` (also inside loops, branches and
+under `vmap`, as JAX's own batching rules rewrite them).
+
+A MAX graph cannot call into Python, so a program whose jaxpr holds a
+callback at any depth is staged: the runs of equations between callbacks
+become MAX graphs (compiled together, in one MAX compilation), each callback
+runs on the host with JAX's own implementation, in program order, and the
+control flow whose body holds a callback (`while`, `scan`, `cond`, and the
+calls around them) is driven by the host, its bodies staged the same way.
+Graphs without callbacks are unaffected. docs/callbacks.md gives the cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import numpy as np
+from jax import tree_util
+
+from juju import _compat
+from juju._compat import is_complex_dtype, is_key_dtype
+from juju.errors import JujuError
+from juju.jit import Lowered
+
+__all__ = ["has_callbacks", "StagedLowered"]
+
+
+class HostCallbackError(JujuError, NotImplementedError):
+    """A host callback where juju cannot stage it."""
+
+
+class HostCallbackResultError(JujuError, RuntimeError):
+    """A callback returned other shapes or dtypes than it declared (as jax's
+    RuntimeError)."""
+
+
+def is_callback(primitive) -> bool:
+    return primitive in _compat.host_callback_impls
+
+
+@functools.lru_cache(maxsize=4096)
+def _has_callbacks_cached(jaxpr) -> bool:
+    return any(is_callback(e.primitive) or any(
+        map(has_callbacks, _compat.sub_jaxprs_of_params(e.params))) for e in jaxpr.eqns)
+
+
+def has_callbacks(jaxpr) -> bool:
+    """Whether `jaxpr` (open or closed) calls back into Python at any depth."""
+    return _has_callbacks_cached(_compat.open_jaxpr(jaxpr))
+
+
+# --- the plan: steps over an environment of values --------------------------
+
+
+def _read(env: dict, var):
+    return var.val if isinstance(var, _compat.Literal) else env[var]
+
+
+@dataclasses.dataclass
+class Plan:
+    """How to run one jaxpr: its steps in order, over {var: value}."""
+
+    jaxpr: Any  # open
+    consts: list
+    steps: list
+
+    def run(self, args) -> list:
+        env = dict(zip(self.jaxpr.constvars, self.consts))
+        env.update(zip(self.jaxpr.invars, args))
+        for step in self.steps:
+            step.run(env)
+        return [_read(env, v) for v in self.jaxpr.outvars]
+
+    def segments(self):
+        for step in self.steps:
+            yield from step.segments()
+
+
+@dataclasses.dataclass
+class Segment:
+    """A run of equations without callbacks: one MAX graph."""
+
+    in_vars: list
+    out_vars: list
+    lowered: Any
+    executable: Any = None
+
+    def run(self, env):
+        outs = self.executable.run([_read(env, v) for v in self.in_vars])
+        env.update(zip(self.out_vars, outs))
+
+    def segments(self):
+        yield self
+
+
+@dataclasses.dataclass
+class Callback:
+    eqn: Any
+
+    def run(self, env):
+        eqn = self.eqn
+        impl = _compat.host_callback_impls[eqn.primitive]
+        args = [_host_value(_read(env, v), v.aval) for v in eqn.invars]
+        outs = list(impl(*args, **eqn.params))
+        if len(outs) != len(eqn.outvars):
+            raise TypeError(f"{eqn.primitive}: the callback returned {len(outs)} values, "
+                            f"expected {len(eqn.outvars)} ({_compat.source_line(eqn)})")
+        for i, (var, out) in enumerate(zip(eqn.outvars, outs)):
+            env[var] = _checked_result(eqn, i, var.aval, out)
+
+    def segments(self):
+        return iter(())
+
+
+@dataclasses.dataclass
+class While:
+    eqn: Any
+    cond: Plan
+    body: Plan
+
+    def run(self, env):
+        p = self.eqn.params
+        values = [_read(env, v) for v in self.eqn.invars]
+        cond_consts = values[:p["cond_nconsts"]]
+        body_consts = values[p["cond_nconsts"]:p["cond_nconsts"] + p["body_nconsts"]]
+        carry = values[p["cond_nconsts"] + p["body_nconsts"]:]
+        while bool(_host_value(self.cond.run(cond_consts + carry)[0])):
+            carry = self.body.run(body_consts + carry)
+        env.update(zip(self.eqn.outvars, carry))
+
+    def segments(self):
+        yield from self.cond.segments()
+        yield from self.body.segments()
+
+
+@dataclasses.dataclass
+class Scan:
+    eqn: Any
+    body: Plan
+
+    def run(self, env):
+        p = self.eqn.params
+        num_consts, num_carry = _compat.scan_layout(**{
+            k: p.get(k) for k in ("num_consts", "num_carry", "ft_in", "ft_out")})
+        values = [_read(env, v) for v in self.eqn.invars]
+        consts, carry = values[:num_consts], values[num_consts:num_consts + num_carry]
+        xs = [_host_value(x) for x in values[num_consts + num_carry:]]
+        length = p["length"]
+        ys = [np.empty(v.aval.shape, _numpy_dtype(v.aval))  # (length, ...)
+              for v in self.eqn.outvars[num_carry:]]
+        for i in (reversed(range(length)) if p["reverse"] else range(length)):
+            outs = self.body.run(consts + carry + [x[i] for x in xs])
+            carry = outs[:num_carry]
+            for stacked, y in zip(ys, outs[num_carry:]):
+                stacked[i] = _host_value(y)
+        env.update(zip(self.eqn.outvars, carry + ys))
+
+    def segments(self):
+        yield from self.body.segments()
+
+
+@dataclasses.dataclass
+class Cond:
+    eqn: Any
+    branches: list
+
+    def run(self, env):
+        index, *operands = [_read(env, v) for v in self.eqn.invars]
+        chosen = int(np.clip(_host_value(index), 0, len(self.branches) - 1))
+        env.update(zip(self.eqn.outvars, self.branches[chosen].run(operands)))
+
+    def segments(self):
+        for branch in self.branches:
+            yield from branch.segments()
+
+
+@dataclasses.dataclass
+class Inline:
+    """A call (pjit, closed_call, custom_jvp/vjp, remat) run as its body."""
+
+    eqn: Any
+    body: Plan
+
+    def run(self, env):
+        outs = self.body.run([_read(env, v) for v in self.eqn.invars])
+        env.update(zip(self.eqn.outvars, outs))
+
+    def segments(self):
+        yield from self.body.segments()
+
+
+# The params that hold a call's body, by how JAX's call-like primitives name it.
+_CALL_BODY_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+
+
+def plan(jaxpr, consts, segment_lowerer) -> Plan:
+    """The Plan of an open `jaxpr`; `segment_lowerer(eqns, in_vars, out_vars)`
+    returns a segment's Lowered."""
+    eqns = jaxpr.eqns
+    outputs = {v for v in jaxpr.outvars if not isinstance(v, _compat.Literal)}
+    # Device equations run as early as their inputs allow (they are pure), so
+    # that the equations between two host steps make one graph, not several;
+    # host steps keep their order (ordered effects, prints).
+    available = {v for v in (*jaxpr.constvars, *jaxpr.invars)}
+    ready = lambda e: all(isinstance(v, _compat.Literal) or v in available for v in e.invars)
+    pending = list(range(len(eqns)))
+    steps: list = []
+    while pending:
+        run, waiting = [], []
+        for i in pending:
+            if not _needs_host(eqns[i]) and ready(eqns[i]):
+                run.append(i)
+                available.update(eqns[i].outvars)
+            else:
+                waiting.append(i)
+        _close_run(steps, [eqns[i] for i in run], outputs | _read_by(eqns, waiting),
+                   segment_lowerer)
+        if waiting:  # the first host step (device work it needs is done)
+            host = eqns[waiting[0]]
+            steps.append(_host_step(host, segment_lowerer))
+            available.update(host.outvars)
+            waiting = waiting[1:]
+        pending = waiting
+    return Plan(jaxpr, list(consts), steps)
+
+
+def _read_by(eqns, indices) -> set:
+    return {v for i in indices for v in eqns[i].invars if not isinstance(v, _compat.Literal)}
+
+
+def _close_run(steps, members, needed_later, segment_lowerer) -> None:
+    """Append the Segment of device equations `members` (if any is needed)."""
+    if not members:
+        return
+    defined = {v for e in members for v in e.outvars}
+    in_vars = list(dict.fromkeys(
+        v for e in members for v in e.invars
+        if not isinstance(v, _compat.Literal) and v not in defined))
+    out_vars = [v for e in members for v in e.outvars if v in needed_later]
+    if out_vars:
+        steps.append(Segment(in_vars, out_vars, segment_lowerer(members, in_vars, out_vars)))
+
+
+def _needs_host(eqn) -> bool:
+    return is_callback(eqn.primitive) or any(
+        map(has_callbacks, _compat.sub_jaxprs_of_params(eqn.params)))
+
+
+def _sub_plan(closed_or_open, segment_lowerer) -> Plan:
+    consts = getattr(closed_or_open, "consts", ())
+    return plan(_compat.open_jaxpr(closed_or_open), consts, segment_lowerer)
+
+
+def _host_step(eqn, segment_lowerer):
+    name, p = eqn.primitive.name, eqn.params
+    if is_callback(eqn.primitive):
+        return Callback(eqn)
+    if name == "while":
+        return While(eqn, _sub_plan(p["cond_jaxpr"], segment_lowerer),
+                     _sub_plan(p["body_jaxpr"], segment_lowerer))
+    if name == "scan":
+        return Scan(eqn, _sub_plan(p["jaxpr"], segment_lowerer))
+    if name == "cond":
+        return Cond(eqn, [_sub_plan(b, segment_lowerer) for b in p["branches"]])
+    for param in _CALL_BODY_PARAMS:
+        body = p.get(param)
+        if body is not None and len(_compat.open_jaxpr(body).invars) == len(eqn.invars):
+            return Inline(eqn, _sub_plan(body, segment_lowerer))
+    raise HostCallbackError(
+        f"a host callback inside `{name}` is not supported by juju "
+        f"({_compat.source_line(eqn)}); juju runs callbacks at the top level and inside "
+        "while_loop, scan, fori_loop, cond/switch, jit, custom_jvp/vjp and checkpoint. "
+        "Move the callback out of it, or use jax.jit for this function."
+    )
+
+
+# --- values crossing between MAX and the host -------------------------------
+
+
+def _numpy_dtype(aval):
+    return np.dtype(aval.dtype)
+
+
+def _host_value(value, aval=None):
+    """A host array of `value` (a MAX buffer is copied: a callback may keep it)."""
+    from juju.jit import _max_driver, to_numpy
+
+    if isinstance(value, _max_driver().Buffer):
+        return np.array(to_numpy(value))
+    if aval is not None and isinstance(value, (bool, int, float, complex)):
+        return np.asarray(value, _numpy_dtype(aval))
+    if aval is not None and is_key_dtype(aval.dtype):
+        return value
+    return np.asarray(value)
+
+
+def _checked_result(eqn, index, aval, out):
+    """`out` canonicalised as jax's callback lowering does, with its checks."""
+    import jax
+
+    array = np.asarray(out)
+    array = array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False)
+    if array.shape != tuple(aval.shape):
+        raise HostCallbackResultError(
+            f"Incorrect output shape for return value #{index}: Expected: {aval.shape}, "
+            f"Actual: {array.shape} ({eqn.primitive} at {_compat.source_line(eqn)})")
+    if array.dtype != _numpy_dtype(aval):
+        raise HostCallbackResultError(
+            f"Incorrect output dtype for return value #{index}: Expected: {aval.dtype}, "
+            f"Actual: {array.dtype} ({eqn.primitive} at {_compat.source_line(eqn)})")
+    return array
+
+
+# --- the staged program as a Lowered / Executable -----------------------------
+
+
+def _segment_function(eqns, in_vars, out_vars):
+    """A Python function evaluating `eqns` (as `jax.core.eval_jaxpr` does)."""
+
+    def segment(*args):
+        env = dict(zip(in_vars, args))
+        for eqn in eqns:
+            env.update(zip(eqn.outvars, _compat.bind_equation(
+                eqn, [_read(env, v) for v in eqn.invars])))
+        return [_read(env, v) for v in out_vars]
+
+    return segment
+
+
+def build_plan(jit_function, closed_jaxpr) -> Plan:
+    """The Plan of a jit function's traced program; its segments are lowered
+    (not compiled) as juju.jit functions of the same engine."""
+    import jax
+
+    from juju.jit import JitFunction
+
+    owner = getattr(jit_function.fun, "__qualname__", "fn")
+    count = [0]
+
+    def lower_segment(eqns, in_vars, out_vars):
+        count[0] += 1
+        fun = _segment_function(eqns, in_vars, out_vars)
+        fun.__name__ = fun.__qualname__ = f"{owner}.segment{count[0]}"
+        fun.__wrapped__ = jit_function.fun  # logs name the user's source line
+        fn = JitFunction(fun, (), (), False, jit_function.engine, tiered=False)
+        specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
+                 for v in in_vars]
+        return fn.lower(*specs)
+
+    return plan(closed_jaxpr.jaxpr, closed_jaxpr.consts, lower_segment)
+
+
+class StagedExecutable:
+    """Runs a Plan and returns outputs as a one-graph Executable does: MAX
+    buffers (jax arrays with `coerces_to_jnp`), never an argument's memory."""
+
+    def __init__(self, program: Plan, out_tree, out_avals, coerces_to_jnp: bool):
+        self.plan = program
+        self.out_tree = out_tree
+        self.out_avals = out_avals
+        self.coerces_to_jnp = coerces_to_jnp
+
+    def run(self, leaves):
+        leaves = list(leaves)
+        outs = self.plan.run(leaves)
+        return tree_util.tree_unflatten(
+            self.out_tree, [self._output(o, a, leaves) for o, a in zip(outs, self.out_avals)])
+
+    def _output(self, value, aval, leaves):
+        import jax.numpy as jnp
+
+        from juju.jit import _host_buffer, _max_driver, to_jax
+
+        if is_key_dtype(aval.dtype):
+            return value  # a jax key array (immutable)
+        if isinstance(value, _max_driver().Buffer) and not any(value is x for x in leaves):
+            return to_jax(value) if self.coerces_to_jnp else value  # a segment's own result
+        array = np.array(_host_value(value, aval), _numpy_dtype(aval))  # a fresh copy
+        if self.coerces_to_jnp or is_complex_dtype(aval.dtype):
+            return jnp.asarray(array)
+        return _host_buffer(array)
+
+
+@dataclasses.dataclass
+class StagedLowered(Lowered):
+    """A program with host callbacks, traced for one signature: its MAX
+    segments are lowered now and compiled together by `compile()` or
+    `juju.compile_all`, in one MAX compilation with the other graphs."""
+
+    plan: Plan = None
+    tierable = False  # no XLA tier: the segments compile at the first call
+
+    @property
+    def parts(self) -> list:
+        return [s.lowered for s in self.plan.segments()]
+
+    @property
+    def graph(self) -> list:
+        """The MAX graph of each segment."""
+        return [part.graph for part in self.parts]
+
+    def build_graph(self, module=None) -> list:
+        return [part.build_graph(module) for part in self.parts]
+
+    def as_text(self) -> str:
+        return "\n\n".join(f"// {part.name}\n{part.as_text()}" for part in self.parts)
+
+    def assemble(self):
+        """The executable, once every part is compiled (in the jit caches)."""
+        for segment in self.plan.segments():
+            low = segment.lowered
+            segment.executable = low.jit_function._cache[low.key]
+        return StagedExecutable(self.plan, self.out_tree, self.closed_jaxpr.out_avals,
+                                self.jit_function.coerces_to_jnp)
