@@ -9,6 +9,7 @@
     python3 dev.py conformance   # JAX's primitive harnesses -> docs/coverage.md
     python3 dev.py programs      # the real-programs tier (flax, optax, ...) vs jax.jit
     python3 dev.py bench         # benchmarks, juju vs jax.jit
+    python3 dev.py fuzz --count 2000   # random programs vs jax.jit (tests/fuzz)
     python3 dev.py python ...    # run the venv's python
 
 Environments (`--env NAME` before the command; [tool.juju-workspace.envs] in
@@ -267,7 +268,7 @@ def main(argv: list[str]) -> int:
         return env.run(["examples/basic.py", *rest])
     if command == "test":
         env.ensure(_program_requirements(env))  # CI's subset of the real-programs tier
-        return env.run(["-m", "pytest", "-m", "not full and not programs", *rest])
+        return env.run(["-m", "pytest", "-m", "not full and not programs and not fuzz", *rest])
     if command == "programs":
         env.ensure(_program_requirements(env))
         return env.run(["-m", "pytest", "tests/programs", *rest])
@@ -280,6 +281,8 @@ def main(argv: list[str]) -> int:
         return wheels(env, rest)
     if command == "conformance":
         return env.run(["-m", "tests.conformance.run", *rest])
+    if command == "fuzz":
+        return env.run(["-m", "tests.fuzz.run", *rest])
     if command == "bench":
         env.ensure(_workspace()["bench-requirements"])
         return env.run(["-m", "benchmarks.run", *rest])

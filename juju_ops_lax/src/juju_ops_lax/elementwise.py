@@ -3,7 +3,8 @@
 Differences handled here: MAX's `max`/`min` drop NaNs (XLA propagates them),
 integer `div` in MAX is floor/float division (XLA truncates, and defines
 x/0 = -1), MAX's float->int cast wraps (XLA saturates and maps NaN to 0),
-and MAX's float->bool cast treats NaN as False (XLA: NaN != 0).
+and MAX's kernels assume no NaN (see `juju_ops_lax.nan`): comparisons, the
+float->bool cast, exp/tanh/sigmoid and pow get NaN explicitly.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from max.graph import ops
 
 from juju import RuleSet, lower_fun
 from juju._compat import jax_impls, log2_p, one_minus_square_p, polynomial_p, primitives as P
+from juju_ops_lax import nan
 from juju_ops_lax._util import (
     broadcast_to, is_bool, is_float, is_signed_int, is_unsigned_int, scalar,
 )
@@ -43,25 +45,21 @@ rules.elementwise(
         P.sub_p: ops.sub,
         P.floor_p: ops.floor,
         P.ceil_p: ops.ceil,
-        P.eq_p: ops.equal,
-        P.ne_p: ops.not_equal,
-        P.gt_p: ops.greater,
-        P.ge_p: ops.greater_equal,
     }
 )
 rules.elementwise(
     {
         prim: _half_in_f32(op)
         for prim, op in {
-            P.exp_p: ops.exp,
+            P.exp_p: nan.passthrough(ops.exp),
             P.log_p: ops.log,
             P.log1p_p: ops.log1p,
             P.sqrt_p: ops.sqrt,
             P.rsqrt_p: ops.rsqrt,
             P.sin_p: ops.sin,
             P.cos_p: ops.cos,
-            P.tanh_p: ops.tanh,
-            P.logistic_p: ops.sigmoid,
+            P.tanh_p: nan.passthrough(ops.tanh),
+            P.logistic_p: nan.passthrough(ops.sigmoid),
             P.erf_p: ops.erf,
         }.items()
     }
@@ -77,14 +75,24 @@ def lower_neg(ctx, x):
     return ops.negate(x)
 
 
-@rules.register(P.lt_p)
-def lower_lt(ctx, x, y):
-    return ops.greater(y, x)
+def _comparison(name, float_op, other_op, swap=False):
+    def lower(ctx, x, y):
+        op = float_op if is_float(ctx.avals_in[0].dtype) else other_op
+        return op(y, x) if swap else op(x, y)
+
+    lower.__qualname__ = lower.__name__ = f"lower_{name}"
+    return lower
 
 
-@rules.register(P.le_p)
-def lower_le(ctx, x, y):
-    return ops.greater_equal(y, x)
+# MAX's `greater` is ordered (false for NaN) and folds x > x to false, as IEEE
+# does; `greater_equal` folds x >= x to true, so it gets the NaN test.
+_ORDERED_GE = nan.ordered(ops.greater_equal)
+rules.register(P.eq_p)(_comparison("eq", nan.equal, ops.equal))
+rules.register(P.ne_p)(_comparison("ne", nan.not_equal, ops.not_equal))
+rules.register(P.gt_p)(_comparison("gt", ops.greater, ops.greater))
+rules.register(P.ge_p)(_comparison("ge", _ORDERED_GE, ops.greater_equal))
+rules.register(P.lt_p)(_comparison("lt", ops.greater, ops.greater, swap=True))
+rules.register(P.le_p)(_comparison("le", _ORDERED_GE, ops.greater_equal, swap=True))
 
 
 @rules.register(P.abs_p)
@@ -155,7 +163,10 @@ def lower_rem(ctx, x, y):
         wrong_sign = ops.logical_and(
             ops.not_equal(r, zero), ops.not_equal(ops.greater(zero, r), ops.greater(zero, x))
         )
-        return ops.where(wrong_sign, ops.sub(r, y), r)
+        r = ops.where(wrong_sign, ops.sub(r, y), r)
+        # fmod(x, +-inf) == x for finite x (MAX's mod gives NaN)
+        return ops.where(ops.logical_and(ops.is_inf(y), ops.logical_not(
+            ops.logical_or(ops.is_inf(x), ops.is_nan(x)))), x, r)
     safe = _safe_int_divisor(ctx, y)
     r = ops.sub(x, ops.mul(_trunc_div(ctx, x, safe), safe))
     if is_signed_int(dtype):
@@ -214,14 +225,52 @@ def lower_pow(ctx, x, y):
     x_dtype, y_dtype = ctx.avals_in[0].dtype, ctx.avals_in[1].dtype
     if np.dtype(x_dtype) != np.dtype(y_dtype):
         y = ops.cast(y, ctx.max_dtype(x_dtype))
+    if not is_float(x_dtype):
+        return ops.pow(x, y)
     if x.dtype in (DType.float16, DType.bfloat16):  # as XLA: in float32, then rounded
-        return ops.cast(ops.pow(ops.cast(x, DType.float32), ops.cast(y, DType.float32)), x.dtype)
-    return ops.pow(x, y)
+        return ops.cast(_float_pow(ops.cast(x, DType.float32), ops.cast(y, DType.float32)),
+                        x.dtype)
+    return _float_pow(x, y)
+
+
+def _float_pow(x, y):
+    """C's pow: MAX's is only right for a finite positive base and finite y.
+    |x| ** y from MAX where that holds, then the sign and every special case."""
+    def const(v):
+        return ops.constant(v, x.dtype, device=x.device)
+
+    zero, one = const(0.0), const(1.0)
+    ax = ops.abs(x)
+    finite_y = ops.logical_not(ops.logical_or(ops.is_inf(y), ops.is_nan(y)))
+    integer_y = ops.logical_and(finite_y, ops.equal(ops.floor(y), y))
+    half = ops.mul(y, const(0.5))
+    odd_y = ops.logical_and(integer_y, ops.not_equal(ops.floor(half), half))
+    # x < 0, or x is -0.0 (1 / -0.0 == -inf)
+    negative = ops.logical_or(ops.greater(zero, x), ops.logical_and(
+        ops.equal(x, zero), ops.greater(zero, ops.div(one, x))))
+    safe_base = ops.where(ops.logical_or(ops.equal(ax, zero), ops.is_inf(ax)), one, ax)
+    mag = ops.pow(safe_base, ops.where(finite_y, y, one))
+    y_pos = ops.greater(y, zero)
+    inf = const(float("inf"))
+    mag = ops.where(ops.is_inf(ax), ops.where(y_pos, inf, zero), mag)
+    mag = ops.where(ops.equal(ax, zero), ops.where(y_pos, zero, inf), mag)
+    big_or_small = ops.where(ops.greater(ax, one), ops.where(y_pos, inf, zero),
+                             ops.where(y_pos, zero, inf))
+    mag = ops.where(ops.is_inf(y), ops.where(ops.equal(ax, one), one, big_or_small), mag)
+    result = ops.where(ops.logical_and(negative, odd_y), ops.negate(mag), mag)
+    finite_x = ops.logical_not(ops.logical_or(ops.is_inf(x), ops.is_nan(x)))
+    no_real_root = ops.logical_and(ops.logical_and(ops.greater(zero, x), finite_x),
+                                   ops.logical_and(finite_y, ops.logical_not(integer_y)))
+    result = ops.where(ops.logical_or(nan.unordered(x, y), no_real_root), const(float("nan")),
+                       result)
+    # pow(x, 0) == 1 and pow(1, y) == 1 even for NaN
+    return ops.where(ops.logical_or(ops.equal(y, zero), ops.equal(x, one)), one, result)
 
 
 @rules.register(P.exp2_p)
 def lower_exp2(ctx, x, *, accuracy=None):
-    return ops.exp(ops.mul(x, scalar(ctx, math.log(2.0), ctx.avals_in[0].dtype)))
+    log2 = scalar(ctx, math.log(2.0), ctx.avals_in[0].dtype)
+    return nan.passthrough(ops.exp)(ops.mul(x, log2))
 
 
 # --- sign, rounding ------------------------------------------------------------
@@ -268,7 +317,8 @@ def lower_expm1(ctx, x, *, accuracy=None):
     accurate = ops.div(ops.mul(um1, x), ops.log(u))
     result = ops.where(ops.equal(u, one), x, accurate)
     result = ops.where(ops.equal(um1, scalar(ctx, -1, dtype)), um1, result)
-    return ops.where(ops.is_inf(u), u, result)
+    return ops.where(ops.logical_or(ops.is_inf(u), ops.is_nan(x)), ops.where(ops.is_nan(x), x, u),
+                     result)
 
 
 # --- logic -----------------------------------------------------------------------
@@ -316,7 +366,8 @@ def lower_convert_element_type(ctx, x, *, new_dtype, weak_type, sharding):
     if src == dst:
         return x
     if is_bool(dst):  # NaN converts to True, as x != 0
-        return ops.not_equal(x, scalar(ctx, 0, src))
+        ne = nan.not_equal if is_float(src) else ops.not_equal
+        return ne(x, scalar(ctx, 0, src))
     if is_float(src) and not is_float(dst) and not is_bool(dst):
         return _float_to_int(ctx, x, src, dst)
     return ops.cast(x, ctx.max_dtype(dst))

@@ -7,8 +7,10 @@ permutation follows from the ranks, and every operand is gathered with it.
 This is O(n^2) in the sorted dimension, fine for the sizes jax programs sort
 inside a jitted function but not for large arrays.
 
-XLA's total order for floats: -NaN < -inf < ... < -0.0 < +0.0 < ... < inf < NaN
-(JAX canonicalizes NaNs to +NaN, so NaNs sort last).
+jax's sort compares floats with -0.0 == +0.0 and every NaN equal and last
+(it canonicalizes them in its comparator); top_k uses XLA's total order,
+-0.0 < +0.0 (a NaN's sign is not visible without a bitcast: all NaNs are
+taken as +NaN, the largest).
 """
 
 from __future__ import annotations
@@ -34,20 +36,23 @@ def _signbit(ctx, x, dtype):
     return ops.where(ops.equal(x, zero), ops.greater(zero, recip), ops.greater(zero, x))
 
 
-def _lt_eq(ctx, a, b, dtype):
-    """(a < b, a == b) in XLA's total order, elementwise with broadcasting."""
+def _lt_eq(ctx, a, b, dtype, signed_zeros=False):
+    """(a < b, a == b) in sort's order (with `signed_zeros`: -0.0 < +0.0, XLA's
+    total order), elementwise with broadcasting."""
     if is_bool(dtype):
         i32 = ctx.max_dtype(np.int32)
         a, b = ops.cast(a, i32), ops.cast(b, i32)
     if not is_float(dtype):
         return ops.greater(b, a), ops.equal(a, b)
     nan_a, nan_b = ops.is_nan(a), ops.is_nan(b)
-    sa, sb = _signbit(ctx, a, dtype), _signbit(ctx, b, dtype)
     num_eq = ops.equal(a, b)
-    zero_order = ops.logical_and(num_eq, ops.logical_and(sa, ops.logical_not(sb)))
-    lt = ops.logical_or(ops.greater(b, a), zero_order)
+    lt = ops.greater(b, a)
+    if signed_zeros:
+        sa, sb = _signbit(ctx, a, dtype), _signbit(ctx, b, dtype)
+        lt = ops.logical_or(lt, ops.logical_and(num_eq, ops.logical_and(sa, ops.logical_not(sb))))
+        num_eq = ops.logical_and(num_eq, ops.equal(sa, sb))
     lt = ops.logical_and(ops.logical_not(nan_a), ops.logical_or(lt, nan_b))
-    eq = ops.logical_or(ops.logical_and(num_eq, ops.equal(sa, sb)),
+    eq = ops.logical_or(ops.logical_and(num_eq, ops.logical_not(ops.logical_or(nan_a, nan_b))),
                         ops.logical_and(nan_a, nan_b))
     return lt, eq
 
@@ -67,7 +72,7 @@ def _from_last(x, dim, rank):
     return ops.permute(x, inverse)
 
 
-def _ranks(ctx, keys, dtypes, n, descending=False):
+def _ranks(ctx, keys, dtypes, n, descending=False, signed_zeros=False):
     """Stable rank of each element along the last axis (shape [..., n])."""
     lt_all = None
     eq_all = None
@@ -75,7 +80,8 @@ def _ranks(ctx, keys, dtypes, n, descending=False):
         shape = list(key.shape)
         a = ops.reshape(key, shape + [1])          # element i on axis -2
         b = ops.reshape(key, shape[:-1] + [1, n])  # element j on axis -1
-        lt, eq = _lt_eq(ctx, a, b, dtype) if descending else _lt_eq(ctx, b, a, dtype)
+        lt, eq = _lt_eq(ctx, a, b, dtype, signed_zeros) if descending else _lt_eq(
+            ctx, b, a, dtype, signed_zeros)
         # `lt` now says "j sorts before i"
         if lt_all is None:
             lt_all, eq_all = lt, eq
@@ -137,7 +143,7 @@ def lower_top_k(ctx, operand, *dyn, k, axis=-1):
         out_shape = list(ctx.avals_out[0].shape)
         return [ops.broadcast_to(scalar(ctx, 0, ctx.avals_in[0].dtype), out_shape),
                 ops.broadcast_to(scalar(ctx, 0, index_dtype), out_shape)]
-    ranks = _ranks(ctx, [x], [ctx.avals_in[0].dtype], n, descending=True)
+    ranks = _ranks(ctx, [x], [ctx.avals_in[0].dtype], n, descending=True, signed_zeros=True)
     perm = _permutation(ctx, ranks, n)
     perm = ops.slice_tensor(perm, [slice(None)] * (rank - 1) + [slice(0, k)])
     values = _from_last(_take_last(ctx, x, perm, n), axis, rank)
@@ -156,7 +162,8 @@ def lower_approx_top_k(ctx, operand, *, k, reduction_dimension, recall_target, i
     axis = reduction_dimension % rank
     n = shape[axis]
     x = _to_last(operand, axis, rank)
-    ranks = _ranks(ctx, [x], [ctx.avals_in[0].dtype], n, descending=is_max_k)
+    ranks = _ranks(ctx, [x], [ctx.avals_in[0].dtype], n, descending=is_max_k,
+                   signed_zeros=True)
     perm = _permutation(ctx, ranks, n)
     perm = ops.slice_tensor(perm, [slice(None)] * (rank - 1) + [slice(0, k)])
     values = _from_last(_take_last(ctx, x, perm, n), axis, rank)

@@ -278,7 +278,16 @@ def _unary_call(ctx) -> bool:
             and is_float(ctx.avals_in[0].dtype))
 
 
-_NAMED_UNARY = {"silu": ops.silu, "relu": ops.relu}
+def _relu(x):
+    # MAX's relu drops NaN (its kernels assume none): keep it, as max(x, 0) does
+    return ops.where(ops.is_nan(x), x, ops.relu(x))
+
+
+def _silu(x):
+    return ops.where(ops.is_nan(x), x, ops.silu(x))
+
+
+_NAMED_UNARY = {"silu": _silu, "relu": _relu}
 
 
 def _jit_named_unary(ctx) -> bool:
@@ -305,4 +314,4 @@ def _is_relu_call(ctx) -> bool:
 def lower_custom_jvp_call_relu(ctx, x, *, call_jaxpr, jvp_jaxpr_fun, num_consts,
                                symbolic_zeros):
     # The custom derivative only matters to jax.grad, which ran before us.
-    return [ops.relu(x)]
+    return [_relu(x)]

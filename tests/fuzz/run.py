@@ -1,0 +1,237 @@
+"""The fuzzing tier: random programs (tests/fuzz/programs.py) through juju,
+compared with jax.jit.
+
+    python3 dev.py fuzz --count 2000            # the long run
+    python -m tests.fuzz.run --count 200 --seed 7 --batch 100 --report fuzz.txt
+
+Programs are drawn with hypothesis (fixed seed, generation only), lowered one
+by one (a rule that raises is that program's failure), compiled together in
+batches with `juju.compile_all` (a batch that fails to compile is split in
+halves down to the program that fails), run, and compared with `jax.jit`:
+shapes and dtypes; ints and bools exactly; floats with NaN and +-inf in the
+same places and finite values within a tolerance that grows with the
+program's length; the sign of zeros for steps that move values without
+arithmetic (reshape, slice, where, sort...), where XLA keeps it.
+
+Known mismatches are data (`KNOWN`): a program that matches one of them is
+counted as known, with its reason, not as a failure. They are:
+- `top_k` of a negative NaN: XLA ranks -NaN below -inf; MAX has no bitcast
+  to see a NaN's sign, so juju ranks every NaN as the largest.
+- `subtract(v, v)` with an infinite v: MAX folds y - y to 0 (it assumes no
+  NaN or inf), XLA gives NaN (docs/testing.md).
+- `cumsum`/`cumprod`/`sum`/`prod`/`mean`/`dot` of float16/bfloat16 values
+  near the type's maximum: XLA accumulates in float32 in another order, so
+  where a partial sum overflows differs (inf in one, finite in the other).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+import traceback
+
+import jax
+import juju
+import numpy as np
+from hypothesis import HealthCheck, Phase, given, seed, settings
+
+from tests.fuzz.programs import Program, kind, programs
+
+MOVES = {"reshape", "transpose", "slice", "concatenate", "expand_dims", "squeeze", "flip",
+         "broadcast_to", "where", "take", "sort", "negative", "abs"}
+HALF = {"float16", "bfloat16"}
+ACCUMULATING = {"cumsum", "cumprod", "sum", "prod", "mean", "dot"}
+
+
+def _uses(program: Program, op: str) -> bool:
+    return any(step.op == op for step in program.steps)
+
+
+# (reason, predicate(program, step, expected, actual) -> bool) for the first
+# mismatching step.
+KNOWN = [
+    ("MAX folds y - y to 0, also for infinite y (XLA: NaN)",
+     lambda p, step, e, a: step.op == "subtract" and step.args[0] == step.args[1]),
+    ("top_k ranks every NaN as +NaN (MAX has no bitcast to see a NaN's sign)",
+     lambda p, step, e, a: step.op == "top_k"),
+    ("half-precision accumulation overflows in another place than XLA's float32 one",
+     lambda p, step, e, a: step.op in ACCUMULATING and str(e.dtype) in HALF
+     and np.isinf(np.asarray(e, np.float64)).any() != np.isinf(np.asarray(a, np.float64)).any()),
+]
+
+
+@dataclasses.dataclass
+class Outcome:
+    status: str  # pass | fail | known | skip
+    program: Program
+    detail: str = ""
+
+
+def draw_programs(count: int, seed_value: int, x64: bool = False) -> list[Program]:
+    """`count` programs from hypothesis, reproducibly for a seed."""
+    collected: list[Program] = []
+
+    @seed(seed_value)
+    @settings(max_examples=count, database=None, phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(programs(x64=x64))
+    def collect(program):
+        collected.append(program)
+
+    with jax.enable_x64(x64):
+        collect()
+    return collected[:count]
+
+
+def _tolerance(dtype, n_steps: int) -> float:
+    base = {"float16": 4e-3, "bfloat16": 2e-2, "float64": 1e-12}.get(str(dtype), 2e-6)
+    return base * 4 * n_steps
+
+
+def compare(actual, expected, op: str, n_steps: int) -> str | None:
+    """Why `actual` (juju) differs from `expected` (jax.jit), or None."""
+    a, e = np.asarray(juju.to_numpy(actual)), np.asarray(expected)
+    if a.shape != e.shape or a.dtype != e.dtype:
+        return f"shape/dtype {a.shape} {a.dtype} != {e.shape} {e.dtype}"
+    if kind(e.dtype) != "f":
+        return None if np.array_equal(a, e) else "values differ"
+    a64, e64 = a.astype(np.float64), e.astype(np.float64)
+    for name, test in (("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
+        if not np.array_equal(test(a64), test(e64)):
+            return f"{name} positions differ"
+    finite = np.isfinite(e64)
+    tol = _tolerance(e.dtype, n_steps)
+    scale = max(1.0, float(np.abs(e64[finite]).max())) if finite.any() else 1.0
+    if not np.allclose(a64[finite], e64[finite], rtol=tol, atol=tol * scale):
+        return "values differ"
+    if op in MOVES:
+        zeros = e64 == 0
+        if not np.array_equal(np.signbit(a64[zeros]), np.signbit(e64[zeros])):
+            return "sign of zero differs"
+    return None
+
+
+def _lower(program: Program, index: int):
+    def fn(*args):
+        return program(*args)
+
+    fn.__name__ = fn.__qualname__ = f"fuzz_{index}"
+    jitted = juju.jit(fn)
+    with jax.enable_x64(program.x64):
+        return jitted, jitted.lower(*program.inputs)
+
+
+def _compile(lowered: list) -> list[str | None]:
+    """compile_all in one batch; on failure, halves, down to single programs.
+    Returns each program's compile error (None when it compiled)."""
+    try:
+        juju.compile_all(lowered)
+        return [None] * len(lowered)
+    except Exception as exc:  # noqa: BLE001 - the program's failure, reported
+        if len(lowered) == 1:
+            return [f"compile: {type(exc).__name__}: {str(exc)[:300]}"]
+    half = len(lowered) // 2
+    return _compile(lowered[:half]) + _compile(lowered[half:])
+
+
+def _explain(program: Program, step_index: int, error: str, actual, expected) -> Outcome:
+    step = program.steps[step_index]
+    for reason, known in KNOWN:
+        try:
+            if known(program, step, np.asarray(expected), np.asarray(juju.to_numpy(actual))):
+                return Outcome("known", program, reason)
+        except Exception:  # noqa: BLE001, S110 - a predicate that cannot judge: not known
+            pass
+    a = np.asarray(juju.to_numpy(actual))
+    detail = (f"step {step_index} ({step.op}, {np.asarray(expected).dtype}): {error}\n"
+              f"  juju: {a.tolist()}\n  jax:  {np.asarray(expected).tolist()}")
+    return Outcome("fail", program, detail)
+
+
+def run_batch(batch: list[Program]) -> list[Outcome]:
+    """Lower, compile (one compile_all), run and compare `batch`."""
+    outcomes: dict[int, Outcome] = {}
+    jitted, lowered, expected = {}, {}, {}
+    for i, program in enumerate(batch):
+        try:
+            with jax.enable_x64(program.x64):
+                expected[i] = jax.jit(program)(*program.inputs)
+        except Exception as exc:  # noqa: BLE001 - jax rejects it: nothing to compare
+            outcomes[i] = Outcome("skip", program, f"jax.jit: {exc}")
+            continue
+        try:
+            jitted[i], lowered[i] = _lower(program, i)
+        except Exception as exc:  # noqa: BLE001 - the program's failure, reported
+            cause = exc.__cause__ or exc
+            outcomes[i] = Outcome("fail", program, f"lowering: {type(cause).__name__}: {cause}")
+    order = sorted(lowered)
+    for i, error in zip(order, _compile([lowered[i] for i in order])):
+        if error:
+            outcomes[i] = Outcome("fail", program=batch[i], detail=error)
+    for i in order:
+        if i in outcomes:
+            continue
+        program = batch[i]
+        try:
+            with jax.enable_x64(program.x64):
+                actual = jitted[i](*program.inputs)
+        except Exception as exc:  # noqa: BLE001 - the program's failure, reported
+            outcomes[i] = Outcome("fail", program, f"run: {type(exc).__name__}: {exc}")
+            continue
+        outcomes[i] = Outcome("pass", program)
+        for k, (a, e) in enumerate(zip(actual, expected[i])):
+            error = compare(a, e, program.steps[k].op, len(program.steps))
+            if error:
+                outcomes[i] = _explain(program, k, error, a, e)
+                break
+    return [outcomes[i] for i in range(len(batch))]
+
+
+def run(count: int, seed_value: int = 0, batch: int = 100, x64_share: float = 0.25,
+        verbose: bool = True, report=None) -> list[Outcome]:
+    n64 = round(count * x64_share)
+    all_programs = draw_programs(count - n64, seed_value) + (
+        draw_programs(n64, seed_value + 1, x64=True) if n64 else [])
+    outcomes: list[Outcome] = []
+    for start in range(0, len(all_programs), batch):
+        t0 = time.time()
+        part = run_batch(all_programs[start:start + batch])
+        outcomes += part
+        if verbose:
+            counts = {s: sum(o.status == s for o in outcomes) for s in
+                      ("pass", "fail", "known", "skip")}
+            print(f"[fuzz] {len(outcomes)}/{len(all_programs)} programs "
+                  f"({time.time() - t0:.0f} s for this batch): {counts}", flush=True)
+            for o in part:
+                if o.status == "fail":
+                    print(f"--- FAIL\n{o.program.source()}\n{o.detail}", flush=True)
+        if report:
+            with open(report, "a") as f:
+                for o in part:
+                    if o.status in ("fail", "known"):
+                        f.write(f"--- {o.status.upper()}\n{o.program.source()}\n{o.detail}\n")
+    return outcomes
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch", type=int, default=100, help="programs per MAX compilation")
+    parser.add_argument("--x64-share", type=float, default=0.25)
+    parser.add_argument("--report", help="append failing and known programs to this file")
+    args = parser.parse_args(argv)
+    try:
+        outcomes = run(args.count, args.seed, args.batch, args.x64_share, report=args.report)
+    except Exception:  # noqa: BLE001 - reported, and the exit status says so
+        traceback.print_exc()
+        return 2
+    failed = sum(o.status == "fail" for o in outcomes)
+    print(f"[fuzz] done: {len(outcomes)} programs, {failed} unexplained mismatches")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
