@@ -47,8 +47,7 @@ def diffrax_ode_gradient():
     return jax.value_and_grad(loss), (np.float32(0.7), np.array([1.0, 2.0], np.float32))
 
 
-@program("diffrax_sde", "diffrax", rtol=1e-4, atol=1e-5,
-         xfail=MATMUL_EPILOGUE)
+@program("diffrax_sde", "diffrax", rtol=1e-4, atol=1e-5)
 def diffrax_sde():
     import diffrax
     import jax.numpy as jnp
