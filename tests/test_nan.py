@@ -147,12 +147,15 @@ def _assert_same_nans(actual, expected):
             np.testing.assert_array_equal(np.isneginf(a64), np.isneginf(e64), "-inf positions")
 
 
+F64_TOLERANCE = dict(rtol=1e-11, atol=1e-12)
 FOLDED = ("MAX folds x * 0.0 and y - y to 0 (it assumes no NaN or inf), so a NaN made "
           "from infinities inside the graph is lost; see docs/testing.md")
 
 
 def _param(case, dtype_name):
-    marks = [pytest.mark.xfail(reason=FOLDED)] if case == "nan_made_inside" else []
+    # float16/bfloat16 compute in float32 through casts, which MAX does not fold
+    folded = case == "nan_made_inside" and dtype_name in ("float32", "float64")
+    marks = [pytest.mark.xfail(reason=FOLDED, strict=True)] if folded else []
     return pytest.param(case, dtype_name, marks=marks, id=f"{case}-{dtype_name}")
 
 
@@ -164,11 +167,13 @@ def test_matches_jax(case, dtype_name):
         expected = jax.jit(fn)(*args)
         actual = JITTED[case, dtype_name](*args)
     _assert_same_nans(actual, expected)
-    assert_same(actual, expected)
+    # MAX's float64 exp is accurate to ~1e-12 relative (XLA's to an ulp):
+    # looser than tests/util's float64 default, which checks values only
+    assert_same(actual, expected, **(F64_TOLERANCE if dtype_name == "float64" else {}))
 
 
 def test_the_loop_saw_the_nan():
     """The loop above stops after two steps because it sees the NaN."""
     args = _loop_args(np.float32)
     steps, v = JITTED["stops_at_nan", "float32"](*args)
-    assert int(steps) == 2 and np.isnan(np.asarray(v)).all()
+    assert int(juju.to_numpy(steps)) == 2 and np.isnan(juju.to_numpy(v)).all()

@@ -18,7 +18,7 @@ from juju_kernels_mojo import LIBRARY
 rules = juju.RuleSet()
 
 try:
-    from juju_ops_nn.fused import along_axis
+    from juju_ops_nn.fused import along_axis, nan_rows
     from juju_ops_nn.patterns import nn_fused_p
 except ImportError:  # juju-ops-nn not installed: nothing to accelerate
     nn_fused_p = None
@@ -42,7 +42,7 @@ def lower_nn_fused_softmax_kernel(ctx, x, *, name, attrs, call_jaxpr):
                             [TensorType(flat.dtype, flat.shape, device=ctx.device)])
         return ops.reshape(out, v.shape) if v.rank != 2 else out
 
-    return [along_axis(row_softmax, x, attrs["axis"], len(aval.shape))]
+    return [along_axis(nan_rows(row_softmax), x, attrs["axis"], len(aval.shape))]
 
 
 if nn_fused_p is not None:

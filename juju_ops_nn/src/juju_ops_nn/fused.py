@@ -15,6 +15,7 @@ primitive rules when the guard declines:
 from __future__ import annotations
 
 import numpy as np
+from max.dtype import DType
 from max.graph import ops
 
 from juju import Priority, RuleSet
@@ -241,13 +242,29 @@ def along_axis(op, x, axis, rank):
     return ops.permute(op(ops.permute(x, perm)), back)
 
 
+def nan_rows(op):
+    """op over the last axis, but NaN for a whole row that jax.nn's softmax
+    and log_softmax make NaN: a row holding a NaN or +inf, or only -inf
+    (x - max(x) is NaN there). MAX's kernels assume no NaN and give NaN only
+    where the input has one."""
+
+    def safe(v):
+        has_nan = ops.greater(ops.max(ops.cast(ops.is_nan(v), DType.int32), axis=-1),
+                              ops.constant(0, DType.int32, device=v.device))
+        bad = ops.logical_or(has_nan, ops.is_inf(ops.max(v, axis=-1)))
+        return ops.where(bad, ops.constant(float("nan"), v.dtype, device=v.device), op(v))
+
+    safe.__name__ = getattr(op, "__name__", "op")
+    return safe
+
+
 @rules.register(nn_fused_p, priority=Priority.FUSED, guard=_named("softmax", "log_softmax"))
 def lower_nn_fused_softmax(ctx, x, *, name, attrs, call_jaxpr):
     attrs = dict(attrs)
     if "perm" in attrs:
         x = ops.permute(x, list(attrs["perm"]))
     op = ops.softmax if name == "softmax" else ops.logsoftmax
-    return [along_axis(op, x, attrs["axis"], len(ctx.avals_in[0].shape))]
+    return [along_axis(nan_rows(op), x, attrs["axis"], len(ctx.avals_in[0].shape))]
 
 
 @rules.register(nn_fused_p, priority=Priority.FUSED, guard=_named("gelu"))
