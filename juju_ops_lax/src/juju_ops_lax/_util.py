@@ -97,12 +97,11 @@ def _fast_reduce(op, x, pre, size, post, shape):
         # each row first (many rows, in parallel), then the partial results.
         partial = op(ops.reshape(x, [pre * (size // chunk), chunk]), axis=1)
         return op(ops.reshape(partial, [pre, size // chunk]), axis=1)
-    if len(shape) == 1:
-        # Not reshaped to [1, size]: MAX 26.7 fails to compile ("could not parse
-        # its Mojo generated code") a sum whose operand it fuses with that rank-1
-        # to rank-2 reshape when its result is also fused onwards, as in optax's
-        # clip_by_global_norm (sqrt of the sum of two sums, then div and select).
-        return op(x, axis=0)
+    # A rank-1 operand goes through the [1, size] reshape below. Reducing it
+    # along its own axis instead avoids MAX 26.7's compile error in optax's
+    # clip_by_global_norm (tests/test_reduction_shapes.py, xfail) but makes
+    # MAX's compiler segfault on QR's loop body (a norm inside a fori_loop);
+    # a [size, 1] reshape fails like [1, size]. A compile error is the lesser.
     if post == 1:  # x is [pre, size] already only when the reduced axis is its last one
         return op(x if list(shape) == [pre, size] else ops.reshape(x, [pre, size]), axis=1)
     if op is ops.sum and x.dtype == DType.float32 and x.device.is_cpu():
