@@ -3,6 +3,7 @@ JUJU_PLUGINS / JUJU_BLOCK_PLUGINS filtering, broken packs, the CLI."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -293,3 +294,35 @@ def test_the_install_hint_targets_the_running_interpreter(monkeypatch):
     registry = juju.Registry([], packs=[])
     hint = _hints.provider_hint("conv_general_dilated", registry)
     assert hint == "provided by juju-ops-nn: python -m pip install juju-ops-nn"
+
+
+def test_juju_plugins_accept_distribution_names():
+    only = run_cli(JUJU_PLUGINS="juju-ops-lax")
+    assert [line.split()[0] for line in only.stdout.splitlines()[1:-1]] == ["core", "lax"]
+    blocked = run_cli(JUJU_BLOCK_PLUGINS="juju_ops_nn,juju-testpack")
+    names = [line.split()[0] for line in blocked.stdout.splitlines()[1:-1]]
+    assert "nn" not in names and "testpack" not in names and "lax" in names
+
+
+def test_cli_version_json_hooks_and_did_you_mean():
+    version = run_cli("--version")
+    assert version.returncode == 0 and version.stdout.startswith("juju-core 0.1.0 (jax ")
+    listing = run_cli()
+    nn_line = next(line for line in listing.stdout.splitlines() if line.startswith("nn "))
+    assert "jaxpr_rewrites" in nn_line  # the nn pack's rewrite is visible
+    packs = {p["name"]: p for p in json.loads(run_cli("--json").stdout)["packs"]}
+    assert packs["mojo"]["kernel_libraries"] == ["juju_kernels_mojo"]
+    assert "juju_jaxpr_rewrites" in packs["nn"]["hooks"] and packs["lax"]["rules"] > 100
+    which = run_cli("which", "sin")
+    assert "priority GENERIC (0)" in which.stdout
+    typo = run_cli("which", "sinn")
+    assert typo.returncode == 1 and "did you mean: sin" in typo.stdout
+
+
+def test_cli_cache_shows_and_clears(tmp_path):
+    (tmp_path / "compiled" / "max-x").mkdir(parents=True)
+    (tmp_path / "compiled" / "max-x" / "model.mef").write_bytes(b"0" * 2048)
+    shown = run_cli("cache", JUJU_CACHE_DIR=str(tmp_path))
+    assert str(tmp_path) in shown.stdout and "1 files" in shown.stdout
+    cleared = run_cli("cache", "clear", JUJU_CACHE_DIR=str(tmp_path))
+    assert cleared.returncode == 0 and not (tmp_path / "compiled").exists()

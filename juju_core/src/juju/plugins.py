@@ -72,6 +72,16 @@ _state = _State()
 _lock = threading.RLock()
 
 
+def _names_of(ep) -> set[str]:
+    """What JUJU_PLUGINS/JUJU_BLOCK_PLUGINS may call an entry point: its own
+    name (`nn`) or its distribution's (`juju-ops-nn`, also `juju_ops_nn`)."""
+    names = {ep.name}
+    if ep.dist is not None:
+        dist = ep.dist.name.lower()
+        names |= {dist, dist.replace("_", "-"), dist.replace("-", "_")}
+    return names
+
+
 def _env_list(name: str) -> set[str] | None:
     value = os.environ.get(name)
     if value is None:
@@ -173,7 +183,8 @@ def _build() -> None:
     autoload = os.environ.get("JUJU_DISABLE_PLUGIN_AUTOLOAD", "") in ("", "0")
     if autoload:
         for ep in _entry_points():
-            if (only is not None and ep.name not in only) or ep.name in blocked:
+            names = _names_of(ep)  # the entry point's name, or its distribution's
+            if (only is not None and not names & only) or names & blocked:
                 continue
             version = ep.dist.version if ep.dist else "0"
             origin = f"entry point {ep.value} ({ep.dist.name if ep.dist else '?'})"

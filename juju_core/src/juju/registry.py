@@ -29,6 +29,14 @@ class Priority(IntEnum):
     USER = 300  # juju.Primitive rules defined by the user
 
 
+def _priority_name(priority: int) -> str:
+    """`KERNEL (200)`, or `250` between the named levels."""
+    try:
+        return f"{Priority(priority).name} ({int(priority)})"
+    except ValueError:
+        return str(int(priority))
+
+
 class _AnyPrimitive:
     """The key of catch-all rules: tried for every primitive, after (or
     before, by priority) the primitive's own rules; their guard decides."""
@@ -65,7 +73,7 @@ class Rule:
 
     def describe(self) -> str:
         guard = f" if {getattr(self.guard, '__qualname__', 'guard')}" if self.guard else ""
-        return f"{self.name} [{self.pack} {self.pack_version}, priority {int(self.priority)}{guard}]"
+        return f"{self.name} [{self.pack} {self.pack_version}, priority {_priority_name(self.priority)}{guard}]"
 
 
 class RuleSet:
