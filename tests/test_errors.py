@@ -116,3 +116,18 @@ def test_neutral_param_only_in_direct_rules():
 
     with pytest.raises(NotImplementedError, match="accuracy"):
         rule(Ctx(), None, accuracy="high")
+
+
+def test_user_errors_show_the_users_frames_not_jujus():
+    import traceback
+    from pathlib import Path
+
+    def model(x):
+        return x.reshape(7, 3)  # wrong shape: a user error at trace time
+
+    with pytest.raises(TypeError) as info:
+        juju.jit(model)(np.ones(4, np.float32))
+    files = [Path(f.filename) for f in traceback.extract_tb(info.value.__traceback__)]
+    juju_dir = Path(juju.__file__).parent
+    assert not [f for f in files if juju_dir in f.parents], files
+    assert any(f.name == "test_errors.py" for f in files)

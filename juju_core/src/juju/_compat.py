@@ -314,3 +314,11 @@ def bind_equation(eqn, invals) -> list:
     with manager if manager is not None else contextlib.nullcontext():
         outs = eqn.primitive.bind(*subfuns, *invals, **params)
     return list(outs) if eqn.primitive.multiple_results else [outs]
+
+
+# --- tracebacks: juju's frames hidden from user errors, as jax hides its own ----------
+
+from jax._src import traceback_util as _traceback_util  # noqa: E402
+
+api_boundary = _traceback_util.api_boundary  # filters per JAX_TRACEBACK_FILTERING
+hide_frames_under = _traceback_util.register_exclusion

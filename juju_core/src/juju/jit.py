@@ -13,6 +13,7 @@ import inspect
 import itertools
 import logging
 import math
+import os
 import re
 import threading
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from juju import cache, plugins, tiers
 from juju import call as _call  # registers juju_call_p and its rules
 from juju._compat import (
     PRNGKeyArray,
+    api_boundary,
+    hide_frames_under,
     Tracer,
     canonical_dtype,
     dce,
@@ -51,6 +54,11 @@ from juju.logs import describe, explain_miss, log
 from juju.rewrites import apply_rewrites
 
 _graph_ids = itertools.count()
+
+
+# User errors raised through juju.jit show the user's frames, not juju's (as
+# jax.jit's hide jax's; JAX_TRACEBACK_FILTERING=off shows every frame).
+hide_frames_under(os.path.dirname(__file__))
 
 
 # --- leaves: signature and conversion to MAX buffers -------------------------
@@ -442,6 +450,7 @@ class Compiled:
         self.lowered = lowered
         self.executable = executable
 
+    @api_boundary
     def __call__(self, *args, **kwargs):
         lowered = self.lowered
         fn = lowered.jit_function
@@ -687,6 +696,7 @@ class JitFunction:
             ) from exc
         return tuple(dyn_args), dyn_kwargs, statics
 
+    @api_boundary
     def __call__(self, *args, **kwargs):
         if self._has_statics:
             dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
@@ -783,6 +793,7 @@ class JitFunction:
         closed, out_tree = self._trace_to_jaxpr(treedef, statics, avals)
         return tree_util.tree_unflatten(out_tree, _structs(closed.out_avals))
 
+    @api_boundary
     def lower(self, *args, **kwargs) -> Lowered:
         """Trace and lower for these arguments (arrays or jax.ShapeDtypeStruct).
 
