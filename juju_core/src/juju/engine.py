@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import faulthandler
 import time
 from dataclasses import dataclass
 
@@ -67,6 +68,11 @@ class Engine:
         their real reason in the message.
         """
         progress("juju: compiling %s for %s with MAX", what, self.kind)
+        # A crash inside MAX's compiler (seen: SIGSEGV on some graphs) ends the
+        # process; faulthandler at least prints where (this frame, the user's
+        # call) after the progress line that names the functions.
+        if not faulthandler.is_enabled():
+            faulthandler.enable()
         start = time.perf_counter()
         try:
             compiled = self.session.compile(
