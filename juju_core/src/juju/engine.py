@@ -7,9 +7,9 @@ device, and every load goes through `Engine.load_all`.
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import threading
-import faulthandler
 import time
 from dataclasses import dataclass
 
