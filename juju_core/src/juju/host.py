@@ -17,13 +17,15 @@ import dataclasses
 import functools
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
 
 from juju import _compat
 from juju._compat import is_complex_dtype, is_key_dtype
 from juju.errors import JujuError
-from juju.jit import Lowered
+from juju.jit import JitFunction, Lowered, _host_buffer, _max_driver, to_jax, to_numpy
 
 __all__ = ["has_callbacks", "StagedLowered"]
 
@@ -286,8 +288,6 @@ def _numpy_dtype(aval):
 
 def _host_value(value, aval=None):
     """A host array of `value` (a MAX buffer is copied: a callback may keep it)."""
-    from juju.jit import _max_driver, to_numpy
-
     if isinstance(value, _max_driver().Buffer):
         return np.array(to_numpy(value))
     if aval is not None and isinstance(value, (bool, int, float, complex)):
@@ -299,8 +299,6 @@ def _host_value(value, aval=None):
 
 def _checked_result(eqn, index, aval, out):
     """`out` canonicalised as jax's callback lowering does, with its checks."""
-    import jax
-
     array = np.asarray(out)
     array = array.astype(jax.dtypes.canonicalize_dtype(array.dtype), copy=False)
     if array.shape != tuple(aval.shape):
@@ -333,9 +331,6 @@ def _segment_function(eqns, in_vars, out_vars):
 def build_plan(jit_function, closed_jaxpr) -> Plan:
     """The Plan of a jit function's traced program; its segments are lowered
     (not compiled) as juju.jit functions of the same engine."""
-    import jax
-
-    from juju.jit import JitFunction
 
     owner = getattr(jit_function.fun, "__qualname__", "fn")
     count = [0]
@@ -370,10 +365,6 @@ class StagedExecutable:
             self.out_tree, [self._output(o, a, leaves) for o, a in zip(outs, self.out_avals)])
 
     def _output(self, value, aval, leaves):
-        import jax.numpy as jnp
-
-        from juju.jit import _host_buffer, _max_driver, to_jax
-
         if is_key_dtype(aval.dtype):
             return value  # a jax key array (immutable)
         if isinstance(value, _max_driver().Buffer) and not any(value is x for x in leaves):
