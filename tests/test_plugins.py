@@ -326,3 +326,49 @@ def test_cli_cache_shows_and_clears(tmp_path):
     assert str(tmp_path) in shown.stdout and "1 files" in shown.stdout
     cleared = run_cli("cache", "clear", JUJU_CACHE_DIR=str(tmp_path))
     assert cleared.returncode == 0 and not (tmp_path / "compiled").exists()
+
+
+def test_a_rule_receives_only_the_dtypes_it_declares(clean_registry):
+    """Issue 15: a pack's unguarded real rule above lax's is never handed a
+    complex operand (which juju carries as float[..., 2]); a rule that opts
+    in to complex64 receives exactly that form, and nothing else."""
+    real_calls, complex_shapes = [], []
+
+    def lower_tanh_real_only(ctx, x, accuracy=None):
+        real_calls.append(str(x.dtype))
+        return ops.tanh(x)
+
+    def lower_exp_complex_only(ctx, x, accuracy=None):
+        complex_shapes.append([int(d) for d in x.shape])
+        return x
+
+    _faulty_pack(juju_rules=lambda: [
+        juju.Rule(P.tanh_p, lower_tanh_real_only, priority=juju.Priority.USER),
+        juju.Rule(P.exp_p, lower_exp_complex_only, priority=juju.Priority.USER,
+                  dtypes=[np.complex64]),
+    ])
+    z = (np.linspace(-2, 2, 6) + 1j * np.linspace(1, -1, 6)).astype(np.complex64)
+    x = np.linspace(-2, 2, 6, dtype=np.float32)
+    f = juju.jit(lambda z, x: (jnp.tanh(z), jnp.tanh(x)))
+    low = f.lower(z, x)
+    low.as_text()
+    assert real_calls == ["DType.float32"]  # the complex tanh went to lax's complex rule
+
+    juju.jit(jnp.exp).lower(z).as_text()
+    assert complex_shapes == [[6, 2]]  # the opted-in rule: (real, imaginary) parts
+    juju.jit(jnp.exp).lower(x).as_text()
+    assert complex_shapes == [[6, 2]]  # not declared for float32: lax's rule lowered it
+
+    assert_same(f(z, x), jax.jit(lambda z, x: (jnp.tanh(z), jnp.tanh(x)))(z, x), rtol=2e-6)
+
+
+def test_an_undeclared_dtype_is_named_in_the_missing_rule_error(clean_registry):
+    real_only = juju.Primitive(
+        "real_only_square", lambda ctx, x: ops.mul(x, x), lambda x: x, rules=juju.RuleSet()
+    )
+    _faulty_pack(juju_rules=lambda: [juju.RuleSet([real_only.rule])])
+    z = np.ones(3, np.complex64)
+    with pytest.raises(juju.MissingRuleError, match="did not declare complex64"):
+        juju.jit(real_only).lower(z).as_text()
+    assert juju.Rule(P.exp_p, lambda ctx, x: x, dtypes="complex64").dtypes == {np.dtype(np.complex64)}
+    assert juju.Rule(P.exp_p, lambda ctx, x: x).accepts([jax.core.ShapedArray((2,), np.int8)])

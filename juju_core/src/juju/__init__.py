@@ -31,14 +31,14 @@ from juju.jit import Compiled, Lowered, compile_all, jit, make_max_graph, to_jax
 from juju.lowering_helpers import lower_fun, on_parts
 from juju.plugins import KernelLibrary
 from juju.primitive import Primitive
-from juju.registry import Priority, Registry, Rule, RuleSet, direct
+from juju.registry import ALL_DTYPES, Priority, Registry, Rule, RuleSet, direct
 
 __version__ = "0.1.0"
 
 __all__ = [
     "jit", "make_max_graph", "compile_all", "to_numpy", "to_jax", "Lowered", "Compiled", "Primitive",
     "Engine", "cpu_engine", "gpu_engine", "LoweringContext", "Rule", "RuleSet",
-    "Registry", "Priority", "direct", "lower_fun", "on_parts", "hookimpl", "KernelLibrary",
+    "Registry", "Priority", "ALL_DTYPES", "direct", "lower_fun", "on_parts", "hookimpl", "KernelLibrary",
     "JujuError", "MissingRuleError", "LoweringError", "RuleConflictError",
     "UnsupportedDtypeError", "EngineUnavailableError", "CompileError", "PackError",
     "PackLoadError",

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from juju._compat import call_primitives, optimization_barrier_p, primitives as P
 from juju.hookspecs import hookimpl
-from juju.registry import RuleSet
+from juju.registry import ALL_DTYPES, RuleSet
 
-rules = RuleSet()
+# Calls and identities pass values of any dtype on in their in-graph form.
+rules = RuleSet(dtypes=ALL_DTYPES)
 
 
 @rules.register(P.jit_p)

@@ -18,9 +18,10 @@ import jax
 
 from juju._compat import jax_implementation, sub_jaxprs_of_params
 from juju.lowering_helpers import _freeze, _Unhashable
-from juju.registry import ANY_PRIMITIVE, Priority, RuleSet
+from juju.registry import ALL_DTYPES, ANY_PRIMITIVE, Priority, RuleSet
 
-rules = RuleSet()
+# The traced implementation sees the equation's own avals, whatever the dtype.
+rules = RuleSet(dtypes=ALL_DTYPES)
 
 
 def traced(ctx):

@@ -202,9 +202,23 @@ def _hint(eqn, registry: Registry) -> str:
     from juju._hints import provider_hint
     from juju.fallback import why_not
 
-    hint = provider_hint(eqn.primitive.name, registry)
+    refused = _refused_by_dtype(eqn, registry)
+    hint = refused or provider_hint(eqn.primitive.name, registry)
     why = why_not(eqn) if registry.catch_all() else None
     return f"{hint}; no fallback: {why}" if why else hint
+
+
+def _refused_by_dtype(eqn, registry: Registry) -> str | None:
+    """Why the primitive's own rules were passed over, when it is a dtype."""
+    avals = [v.aval for v in (*eqn.invars, *eqn.outvars)]
+    refused = [r for r in registry.rules_for(eqn.primitive) if not r.accepts(avals)]
+    if not refused:
+        return None
+    dtypes = sorted({str(a.dtype) for a in avals if hasattr(a, "dtype")})
+    return (
+        f"{', '.join(r.describe() for r in refused)} did not declare "
+        f"{'/'.join(dtypes)} (a rule opts in with `dtypes=`: docs/writing-a-pack.md)"
+    )
 
 
 def check_rules(closed_jaxpr, registry: Registry, device: DeviceRef) -> set[str]:

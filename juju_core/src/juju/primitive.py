@@ -104,6 +104,9 @@ class Primitive:
             `"juju_kernels_mojo"`) or a `juju.KernelLibrary`, which this
             primitive then provides itself.
         priority: the rule's priority (default `Priority.USER`).
+        dtypes: the dtypes the lowering accepts (`juju.Rule`): by default every
+            dtype MAX has; list complex dtypes (or pass `juju.ALL_DTYPES`) to
+            receive complex operands, as float[..., 2] (real, imaginary).
         rules: a pack's `RuleSet` to add the rule to (the pack returns it from
             its `juju_rules` hook). By default the rule goes to juju's
             in-process "user" pack and is visible at once.
@@ -126,6 +129,7 @@ class Primitive:
         jax_implementation: Callable | None = None,
         kernel_library: str | KernelLibrary | Iterable | None = None,
         priority: int = Priority.USER,
+        dtypes=None,
         rules: RuleSet | None = None,
     ):
         self.name = name
@@ -153,6 +157,7 @@ class Primitive:
             self._lowering_wrapper(max_lowering_rule),
             priority,
             requires=self.kernel_libraries,
+            dtypes=dtypes,
         )
         if rules is not None:
             rules.add(self.rule)

@@ -10,12 +10,16 @@ primitive still run.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from enum import IntEnum
 from typing import Callable, Iterable, Mapping
 
+import numpy as np
+
+from juju import _compat
 from juju.errors import RuleConflictError
 
 
@@ -50,12 +54,48 @@ class _AnyPrimitive:
 ANY_PRIMITIVE = _AnyPrimitive()
 
 
+class _AllDtypes:
+    """`dtypes=ALL_DTYPES`: the rule takes every dtype, complex numbers and
+    key arrays included, in their in-graph form (`juju.dtypes.physical_aval`:
+    float[..., 2] for complex, uint32[..., words] for keys)."""
+
+    def __repr__(self):
+        return "ALL_DTYPES"
+
+
+ALL_DTYPES = _AllDtypes()
+
+
+@functools.cache
+def _is_native(dtype) -> bool:
+    """A dtype MAX has: what a rule receives as itself."""
+    return not (_compat.is_complex_dtype(dtype) or _compat.is_key_dtype(dtype))
+
+
+def _dtypes_name(dtypes) -> str:
+    return "all" if dtypes is ALL_DTYPES else "/".join(sorted(d.name for d in dtypes))
+
+
+def _dtype_set(dtypes) -> frozenset | _AllDtypes | None:
+    if dtypes is None or dtypes is ALL_DTYPES:
+        return dtypes
+    if isinstance(dtypes, (str, np.dtype, type)):
+        dtypes = (dtypes,)
+    return frozenset(np.dtype(d) for d in dtypes)
+
+
 @dataclass(frozen=True)
 class Rule:
     """A lowering rule: `fn(ctx, *operands, **params)` returns MAX value(s).
 
     `guard(ctx) -> bool` (pure, on avals and params) narrows when the rule
     applies. `requires` names kernel libraries the lowering needs in the graph.
+    `dtypes` declares what the rule may receive, on every operand and result:
+    None (the default) means every dtype MAX has (bool, integers, floats);
+    a collection of dtypes means exactly those (list a complex dtype to opt
+    in to it); `ALL_DTYPES` means everything, complex numbers and PRNG keys
+    in their in-graph form. juju never selects a rule for an equation with a
+    dtype the rule did not declare.
     `pack`/`pack_version` record who supplied it; the registry fills them in.
     """
 
@@ -66,21 +106,50 @@ class Rule:
     requires: tuple[str, ...] = ()
     pack: str = "unregistered"
     pack_version: str = "0"
+    dtypes: frozenset | _AllDtypes | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtypes", _dtype_set(self.dtypes))
 
     @property
     def name(self) -> str:
         return getattr(self.fn, "__qualname__", repr(self.fn))
 
+    def accepts(self, avals) -> bool:
+        """Whether every aval's dtype is one this rule declared."""
+        if self.dtypes is ALL_DTYPES:
+            return True
+        for aval in avals:
+            dtype = getattr(aval, "dtype", None)
+            if dtype is None:  # tokens
+                continue
+            if self.dtypes is None:
+                if not _is_native(dtype):
+                    return False
+            elif _compat.is_key_dtype(dtype) or np.dtype(dtype) not in self.dtypes:
+                return False  # (key arrays only with ALL_DTYPES)
+        return True
+
     def describe(self) -> str:
         guard = f" if {getattr(self.guard, '__qualname__', 'guard')}" if self.guard else ""
-        return f"{self.name} [{self.pack} {self.pack_version}, priority {_priority_name(self.priority)}{guard}]"
+        dtypes = "" if self.dtypes is None else f", dtypes {_dtypes_name(self.dtypes)}"
+        return (
+            f"{self.name} [{self.pack} {self.pack_version}, "
+            f"priority {_priority_name(self.priority)}{dtypes}{guard}]"
+        )
+
+
+_DEFAULT = object()
 
 
 class RuleSet:
-    """A collection of rules a pack returns from its `juju_rules` hook."""
+    """A collection of rules a pack returns from its `juju_rules` hook.
 
-    def __init__(self, rules: Iterable[Rule] = ()):
+    `dtypes` is the default of `register` and `elementwise` (see `Rule`)."""
+
+    def __init__(self, rules: Iterable[Rule] = (), *, dtypes=None):
         self._rules: list[Rule] = list(rules)
+        self.dtypes = dtypes
 
     def __iter__(self):
         return iter(self._rules)
@@ -98,20 +167,25 @@ class RuleSet:
         priority: int = Priority.GENERIC,
         guard: Callable | None = None,
         requires: tuple[str, ...] = (),
+        dtypes=_DEFAULT,
     ):
-        """Decorator: `@rules.register(lax.sin_p)` over `lower_sin(ctx, x, **params)`."""
+        """Decorator: `@rules.register(lax.sin_p)` over `lower_sin(ctx, x, **params)`.
+
+        `dtypes`: what the rule accepts (see `Rule`); the set's default if omitted."""
+        dtypes = self.dtypes if dtypes is _DEFAULT else dtypes
 
         def decorate(fn):
             for primitive in primitives:
-                self.add(Rule(primitive, fn, priority, guard, tuple(requires)))
+                self.add(Rule(primitive, fn, priority, guard, tuple(requires), dtypes=dtypes))
             return fn
 
         return decorate
 
-    def elementwise(self, table: Mapping, *, priority: int = Priority.GENERIC):
+    def elementwise(self, table: Mapping, *, priority: int = Priority.GENERIC, dtypes=_DEFAULT):
         """Register 1:1 rules from `{primitive: max_op}`."""
+        dtypes = self.dtypes if dtypes is _DEFAULT else dtypes
         for primitive, op in table.items():
-            self.add(Rule(primitive, direct(op), priority))
+            self.add(Rule(primitive, direct(op), priority, dtypes=dtypes))
 
 
 # Params that elementwise primitives carry without changing their result on MAX.
@@ -181,14 +255,18 @@ class Registry:
         With `libraries` (the kernel libraries a graph was built with), rules
         that need another library are passed over: equations that only appear
         while lowering (inside a decomposition) fall back to rules the graph
-        can run, instead of calling a kernel it did not load. Raises
+        can run, instead of calling a kernel it did not load. Rules that did
+        not declare a dtype of the equation are passed over too. Raises
         RuleConflictError when packs conflict on the equation's primitive.
         """
         conflict = self.conflicts.get(ctx.eqn.primitive)
         if conflict is not None:
             raise RuleConflictError(conflict)
+        avals = (*ctx.avals_in, *ctx.avals_out)
         for rule in self.candidates(ctx.eqn.primitive):
             if libraries is not None and not libraries.issuperset(rule.requires):
+                continue
+            if not rule.accepts(avals):
                 continue
             if rule.guard is None or rule.guard(ctx):
                 return rule

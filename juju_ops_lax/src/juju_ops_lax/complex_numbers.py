@@ -18,13 +18,15 @@ import numpy as np
 from jax import lax
 from max.graph import ops
 
-from juju import RuleSet, lower_fun, on_parts
+from juju import ALL_DTYPES, RuleSet, lower_fun, on_parts
 from juju._compat import is_complex_dtype, jax_impls, primitives as P, split_p, tile_p
 from juju.lowering_helpers import C, has_complex
 from juju.errors import UnsupportedDtypeError
 from juju_ops_lax._util import lower_per_word
 
-rules = RuleSet()
+# Every rule here is for complex operands (guard has_complex), in their
+# in-graph form float[..., 2].
+rules = RuleSet(dtypes=ALL_DTYPES)
 
 # Complex rules outrank the real ones for equations that touch complex values.
 _PRIORITY = 1
@@ -330,6 +332,14 @@ def convert_element_type(x, *, new_dtype, weak_type, sharding):
 
 
 _register(P.convert_element_type_p)(on_parts(convert_element_type))
+
+
+@_register(P.bitcast_convert_type_p)
+def lower_bitcast_convert_type(ctx, x, *, new_dtype):
+    # JAX allows a complex bitcast only to its own dtype: the identity.
+    if np.dtype(new_dtype) != np.dtype(ctx.avals_in[0].dtype):
+        raise NotImplementedError(f"bitcast of {ctx.avals_in[0].dtype} to {new_dtype}")
+    return x
 
 
 @_register(P.iota_p)

@@ -22,14 +22,16 @@ import numpy as np
 from max.dtype import DType
 from max.graph import DeviceRef, Graph, TensorType, ops
 
-from juju import RuleSet
+from juju import ALL_DTYPES, RuleSet
 from juju._compat import (
     empty2_p, open_jaxpr, platform_index_p, primitives as P, scan_layout, sub_jaxprs_of_params,
 )
 from juju.dtypes import physical_aval
 from juju_ops_lax._util import reduce_axis
 
-rules = RuleSet()
+# Control flow carries values of any dtype in their in-graph form and
+# re-enters the loop for its bodies.
+rules = RuleSet(dtypes=ALL_DTYPES)
 
 
 def _on_host(ctx, pred):

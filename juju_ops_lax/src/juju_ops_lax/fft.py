@@ -14,10 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from juju import RuleSet, lower_fun
+from juju import ALL_DTYPES, RuleSet, lower_fun
 from juju._compat import primitives as P
 
-rules = RuleSet()
+# Decompositions traced in JAX on the equation's own (complex) avals.
+rules = RuleSet(dtypes=ALL_DTYPES)
 
 
 def _angles(n: int, m: int) -> np.ndarray:

@@ -19,10 +19,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from juju import RuleSet, lower_fun
+from juju import ALL_DTYPES, RuleSet, lower_fun
 from juju._compat import geqrf_p, jax_impls, lu_pivots_to_permutation_p, primitives as P
 
-rules = RuleSet()
+# Decompositions traced in JAX on the equation's own avals (complex too).
+rules = RuleSet(dtypes=ALL_DTYPES)
 
 
 def _mask(n, keep):

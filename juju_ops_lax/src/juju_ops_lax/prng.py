@@ -16,7 +16,7 @@ import numpy as np
 from max.dtype import DType
 from max.graph import ops
 
-from juju import RuleSet, lower_fun
+from juju import ALL_DTYPES, RuleSet, lower_fun
 from juju._compat import (
     iota_2x32_shape_p,
     is_key_dtype,
@@ -32,7 +32,8 @@ from juju._compat import (
 )
 from juju_ops_lax._util import lower_per_word
 
-rules = RuleSet()
+# Key arrays arrive as their raw words (uint32[..., 2] for threefry).
+rules = RuleSet(dtypes=ALL_DTYPES)
 
 
 # --- key-array primitives -----------------------------------------------------

@@ -12,10 +12,11 @@ from __future__ import annotations
 import jax
 from jax import lax
 
-from juju import RuleSet, lower_fun
+from juju import ALL_DTYPES, RuleSet, lower_fun
 from juju._compat import primitives as P
 
-rules = RuleSet()
+# A decomposition traced in JAX on the equation's own avals (complex too).
+rules = RuleSet(dtypes=ALL_DTYPES)
 
 
 def _body(jaxpr, consts=()):

@@ -27,7 +27,7 @@ import numpy as np
 from max.dtype import DType
 from max.graph import ops
 
-from juju import RuleSet, on_parts
+from juju import ALL_DTYPES, RuleSet, on_parts
 from juju._compat import primitives as P
 from juju.lowering_helpers import C, has_complex, with_dtype
 from juju_ops_nn._layout import dilate, pad_or_crop
@@ -260,4 +260,6 @@ def _complex_conv(lhs, rhs, **params):
              conv(lhs.re, rhs.im) + conv(lhs.im, rhs.re))
 
 
-rules.register(P.conv_general_dilated_p, priority=1, guard=has_complex)(on_parts(_complex_conv))
+rules.register(P.conv_general_dilated_p, priority=1, guard=has_complex, dtypes=ALL_DTYPES)(
+    on_parts(_complex_conv)
+)
