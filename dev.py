@@ -10,6 +10,7 @@
     python3 dev.py programs      # the real-programs tier (flax, optax, ...) vs jax.jit
     python3 dev.py bench         # benchmarks, juju vs jax.jit
     python3 dev.py fuzz --count 2000   # random programs vs jax.jit (tests/fuzz)
+    python3 dev.py docs          # the docs site into site/ (mkdocs build --strict)
     python3 dev.py python ...    # run the venv's python
 
 Environments (`--env NAME` before the command; [tool.juju-workspace.envs] in
@@ -286,6 +287,10 @@ def main(argv: list[str]) -> int:
     if command == "bench":
         env.ensure(_workspace()["bench-requirements"])
         return env.run(["-m", "benchmarks.run", *rest])
+    if command == "docs":
+        # mkdocstrings reads juju's sources (mkdocs.yml `paths`): no MAX compile.
+        env.ensure(_workspace()["docs-requirements"])
+        return env.run(["-m", "mkdocs", "build", "--strict", *rest])
     if command == "python":
         return env.run(rest)
     print(f"unknown command {command!r}\n{__doc__}", file=sys.stderr)

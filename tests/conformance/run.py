@@ -224,7 +224,7 @@ def _run_lines(meta: dict) -> list[str]:
                 f"jobs {meta.get('jobs')}."]
     lines = [f"- Run in {len(parts)} parts (later results replace earlier ones; some "
              f"parts overlapped in time), {sum(p['seconds'] for p in parts):.0f} s in all:"]
-    lines += [f"  - `{p['command']}` ({p['date']}, {p['seconds']:.0f} s)" for p in parts]
+    lines += [f"    - `{p['command']}` ({p['date']}, {p['seconds']:.0f} s)" for p in parts]
     return lines
 
 

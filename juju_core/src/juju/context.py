@@ -33,10 +33,13 @@ class LoweringContext:
 
     @property
     def primitive(self):
+        """The equation's JAX primitive."""
         return self.eqn.primitive
 
     @property
     def params(self) -> dict:
+        """The equation's parameters (the rule also receives them as keyword
+        arguments)."""
         return self.eqn.params
 
     @property
@@ -46,6 +49,8 @@ class LoweringContext:
         return aval
 
     def max_dtype(self, dtype):
+        """The MAX `DType` of a JAX or numpy dtype; raises
+        `UnsupportedDtypeError` for one MAX lacks."""
         return dtypes.max_dtype(dtype)
 
     def constant(self, value, dtype) -> TensorValue:

@@ -22,13 +22,23 @@ _session_lock = threading.Lock()
 
 @dataclass(frozen=True)
 class Engine:
-    """Where juju runs graphs: `kind` is "cpu" or "gpu", `index` the device."""
+    """Where juju runs graphs: a MAX device and the session that loads on it.
+
+    Make one with `cpu_engine()` or `gpu_engine(index)` and pass it to
+    `juju.jit(f, engine=...)`. Engines with the same kind and index share
+    one MAX inference session per process.
+
+    Attributes:
+        kind: `"cpu"` or `"gpu"`.
+        index: the device number (0 for the CPU).
+    """
 
     kind: str = "cpu"
     index: int = 0
 
     @property
     def key(self) -> tuple[str, int]:
+        """`(kind, index)`."""
         return (self.kind, self.index)
 
     @property
@@ -38,12 +48,15 @@ class Engine:
 
     @property
     def device_ref(self):
+        """The `max.graph.DeviceRef` graphs for this engine are built with."""
         from max.graph import DeviceRef
 
         return DeviceRef.CPU() if self.kind == "cpu" else DeviceRef.GPU(self.index)
 
     @property
     def session(self):
+        """The process-wide `max.engine.InferenceSession` of this device,
+        created on first use."""
         with _session_lock:
             session = _sessions.get(self.key)
             if session is None:
@@ -172,12 +185,20 @@ def _device(kind: str, index: int):
 
 
 def cpu_engine() -> Engine:
-    """The host CPU."""
+    """The host CPU: the engine `juju.jit` uses by default."""
     return Engine("cpu", 0)
 
 
 def gpu_engine(index: int = 0) -> Engine:
-    """GPU number `index`; raises EngineUnavailableError when there is none."""
+    """GPU number `index` (NVIDIA or AMD, as MAX supports them).
+
+    Args:
+        index: the accelerator's number, from 0.
+
+    Raises:
+        EngineUnavailableError: MAX sees no accelerator with that number on
+            this machine (checked now, not at the first call).
+    """
     engine = Engine("gpu", index)
     engine.device  # fail now, not at the first call
     return engine

@@ -15,7 +15,14 @@ class JujuError(Exception):
 
 @dataclass(frozen=True)
 class MissingRule:
-    """One equation that no installed pack can lower."""
+    """One equation that no installed pack can lower (see `MissingRuleError`).
+
+    Attributes:
+        primitive: the primitive's name.
+        equation: the equation's text.
+        source: the user's source line that emitted it.
+        hint: the next step: the pack that provides a rule, or how to add one.
+    """
 
     primitive: str
     equation: str
@@ -23,6 +30,7 @@ class MissingRule:
     hint: str
 
     def describe(self) -> str:
+        """The entry's lines in the error message."""
         return (
             f"  - primitive '{self.primitive}' at {self.source}\n"
             f"      equation: {self.equation}\n"
@@ -35,6 +43,10 @@ class MissingRuleError(JujuError, NotImplementedError):
 
     Lists every gap at once (sub-jaxprs included), each with its primitive,
     equation, user source line and the pack that could provide it.
+
+    Attributes:
+        missing: a `MissingRule` for each equation without a rule.
+        installed_packs: the names of the packs that were loaded.
     """
 
     def __init__(self, missing: list[MissingRule], installed_packs: list[str]):
@@ -61,11 +73,19 @@ class MissingRuleError(JujuError, NotImplementedError):
 class LoweringError(JujuError):
     """A rule raised, or returned values of the wrong shape or dtype.
 
-    The original exception is the `__cause__`.
+    The message names the primitive, the user's source line, the equation,
+    the rule and its pack. The original exception is the `__cause__`.
+
+    Attributes:
+        primitive: the name of the primitive whose rule failed.
+        source: the user's source line of the equation.
     """
 
     @classmethod
     def at(cls, eqn, rule, problem: str | None = None) -> LoweringError:
+        """The error for equation `eqn` lowered by `rule` (a `juju.Rule` or
+        None), with `problem` as the reason; the caller chains the cause
+        (`raise LoweringError.at(eqn, rule) from exc`)."""
         from juju._compat import equation_text, source_line
 
         where = source_line(eqn)

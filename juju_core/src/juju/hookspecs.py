@@ -15,7 +15,11 @@ from __future__ import annotations
 import pluggy
 
 hookspec = pluggy.HookspecMarker("juju")
+"""Marks the hook specifications below (pluggy's `HookspecMarker`)."""
+
 hookimpl = pluggy.HookimplMarker("juju")
+"""Marks a pack's implementation of a hook: `@juju.hookimpl` over a function
+named after the hook (pluggy's `HookimplMarker` for the project `juju`)."""
 
 
 @hookspec

@@ -350,7 +350,24 @@ def to_jax(buffer):
 @dataclass
 class Lowered:
     """A function traced and checked for one signature; the graph is built on
-    demand. `as_text()` shows the MAX graph, `compile()` loads it."""
+    demand. `as_text()` shows the MAX graph, `compile()` loads it.
+
+    Made by `JitFunction.lower`; the fields below are juju's bookkeeping.
+
+    Attributes:
+        jit_function: the `JitFunction` this lowering belongs to.
+        key: its jit cache key (pytree structure, statics, signature,
+            registry generation).
+        closed_jaxpr: the program juju lowers: traced, dead code removed and
+            the packs' rewrites applied.
+        out_tree: the pytree structure of the outputs.
+        in_dtypes: the dtype of each flat non-static argument.
+        kernel_names: the kernel libraries the selected rules need.
+        name: the MAX graph's name.
+        traced_jaxpr: the program before juju's rewrites (what the XLA tier
+            runs).
+        tierable: whether XLA may serve calls while MAX compiles it.
+    """
 
     jit_function: "JitFunction"
     key: tuple
@@ -394,6 +411,7 @@ class Lowered:
 
     @functools.cached_property
     def out_key_impls(self) -> tuple:
+        """(output index, PRNG implementation) of each PRNG key output."""
         return tuple(
             (i, key_impl(aval))
             for i, aval in enumerate(self.closed_jaxpr.out_avals)
@@ -402,6 +420,7 @@ class Lowered:
 
     @functools.cached_property
     def out_complex(self) -> tuple:
+        """(output index, dtype) of each complex output (float pairs in MAX)."""
         return tuple(
             (i, aval.dtype)
             for i, aval in enumerate(self.closed_jaxpr.out_avals)
@@ -410,9 +429,12 @@ class Lowered:
 
     @functools.cached_property
     def kernel_paths(self) -> list:
+        """The `.mojoc` files of `kernel_names`, built if needed."""
         return [plugins.kernel_library_path(n) for n in sorted(self.kernel_names)]
 
     def build_graph(self, module=None):
+        """Lower `closed_jaxpr` to a new MAX graph (in `module`, a
+        `max.graph.Module`, when given); `graph` keeps the one built first."""
         return build_graph(
             self.closed_jaxpr,
             name=self.name,
@@ -435,16 +457,26 @@ class Lowered:
         return graph
 
     def as_text(self) -> str:
+        """The MAX graph's text (its MLIR)."""
         return str(self.graph)
 
     def compile(self) -> "Compiled":
+        """Compile (or load from the caches) and return the `Compiled`; to
+        compile several in one MAX compilation, use `juju.compile_all`."""
         return compile_all([self])[0]
 
 
 class Compiled:
     """A loaded model for one signature. As jax's `Compiled`, it is called
     with the non-static arguments only, of the types it was compiled for
-    (weak types aside); other types raise TypeError, never recompile."""
+    (weak types aside); other types raise TypeError, never recompile.
+
+    Made by `Lowered.compile` or `juju.compile_all`.
+
+    Attributes:
+        lowered: the `Lowered` it was compiled from.
+        executable: the loaded MAX model and how to call it.
+    """
 
     def __init__(self, lowered: Lowered, executable: Executable):
         self.lowered = lowered
@@ -484,25 +516,31 @@ class Compiled:
         return self.executable.run(leaves)
 
     def as_text(self) -> str:
+        """The MAX graph's text, as `Lowered.as_text`."""
         return self.lowered.as_text()
 
     @property
     def in_tree(self):
+        """The pytree structure of the non-static `(args, kwargs)`."""
         return self.lowered.in_tree
 
     @property
     def out_tree(self):
+        """The pytree structure of the outputs."""
         return self.lowered.out_tree
 
     @property
     def args_info(self):
+        """As `Lowered.args_info`."""
         return self.lowered.args_info
 
     @property
     def out_info(self):
+        """As `Lowered.out_info`."""
         return self.lowered.out_info
 
     def cost_analysis(self) -> None:
+        """None, as `Lowered.cost_analysis`."""
         return self.lowered.cost_analysis()
 
 
@@ -544,8 +582,18 @@ def compile_all(lowered: Sequence[Lowered]) -> list[Compiled]:
     together costs little more than one. Graphs found in juju's persistent
     cache (`juju.cache`) are loaded from it instead. Each result is placed in
     its function's jit cache, so later calls with the same signature hit. A
-    signature whose MAX compile already runs in the background (tiers.py)
+    signature whose MAX compile already runs in the background (`tiered`)
     is waited for, not compiled twice.
+
+    Args:
+        lowered: `Lowered` objects from `juju.jit(f).lower(...)`, of any
+            functions and engines (one compilation per engine).
+
+    Returns:
+        A `Compiled` for each, in order.
+
+    Raises:
+        CompileError: MAX failed to compile; the reason is in the message.
     """
     for low in lowered:
         tiers.wait(low.jit_function, {low.key})
@@ -635,7 +683,26 @@ def _models_for(engine: Engine, group: list[Lowered]) -> list:
 
 
 class JitFunction:
-    """The callable `juju.jit(f)` returns."""
+    """The callable `juju.jit(f)` returns.
+
+    Calling it runs `f` on MAX (see `juju.jit`); under a JAX transformation
+    (`jax.grad`, `jax.vmap`, `jax.jit`) it binds a call primitive that JAX
+    transforms and juju lowers. It carries `f`'s name and docstring, and
+    works as a method.
+
+    Attributes:
+        fun: the wrapped function.
+        engine: the `Engine` it runs on.
+        static_argnums: positions of the static arguments (both options
+            resolved against `f`'s signature).
+        static_argnames: names of the static arguments.
+        coerces_to_jnp: whether results are jax arrays.
+        polymorphic_shapes: as given to `juju.jit`.
+        tiered: as given to `juju.jit` (None: the default).
+        trace_count: times `f` was traced (once per new signature).
+        compile_count: MAX executables loaded for it.
+        xla_call_count: calls the XLA tier served while MAX compiled.
+    """
 
     def __init__(self, fun, static_argnums, static_argnames, coerces_to_jnp, engine,
                  polymorphic_shapes=None, tiered=None):
@@ -797,7 +864,8 @@ class JitFunction:
     def lower(self, *args, **kwargs) -> Lowered:
         """Trace and lower for these arguments (arrays or jax.ShapeDtypeStruct).
 
-        Raises every lowering error now; compiling is left to `.compile()` or
+        Raises every lowering error now (`MissingRuleError`,
+        `LoweringError`); compiling is left to `.compile()` or
         `juju.compile_all`.
         """
         dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
@@ -867,6 +935,9 @@ class JitFunction:
         return closed, out_tree_box[-1]
 
     def clear_cache(self):
+        """Forget every signature's trace and executable: the next call of
+        each traces and lowers again (MAX's and juju's disk caches still
+        spare the compile)."""
         self._background.clear()  # compiles in flight still finish; their results are kept
         self._cache.clear()
         self._lowered.clear()
@@ -1022,20 +1093,45 @@ def jit(
 ):
     """Compile `f` with MAX. Usable as `@jit` or `@jit(static_argnums=...)`.
 
-    Returns MAX buffers (`.to_numpy()`), or jax arrays with `coerces_to_jnp`.
-    The engine defaults to `cpu_engine()`.
+    The first call with a new signature (pytree structure, shapes, dtypes,
+    weak types, static values) traces `f`, lowers it to a MAX graph and
+    compiles it; later calls with that signature run the compiled model.
+    Arguments may be numpy or jax arrays, Python scalars or MAX buffers, in
+    any pytree, positional or keyword.
 
-    `tiered`: on a new signature, run the calls through `jax.jit` (XLA) while
-    MAX compiles in the background, then switch to MAX (juju/tiers.py).
-    None (the default) follows `JUJU_TIERED` (`0` or `1`), else is on for
-    the CPU engine. `False` waits for MAX at the first call;
-    `f.wait_compiled()` waits for the compiles in flight.
+    Args:
+        f: the function to compile, written in JAX. Omitted (`@jit(...)`),
+            `jit` returns a decorator taking it.
+        static_argnums: positions of arguments that are Python values rather
+            than arrays (hashable; each new value compiles anew), as in
+            `jax.jit`.
+        static_argnames: names of such arguments, as in `jax.jit`; a
+            parameter named in either is static under both.
+        coerces_to_jnp: return jax arrays instead of MAX buffers.
+        engine: where to run; `cpu_engine()` when None. See `juju.Engine`.
+        polymorphic_shapes: shape specs of the positional (non-static)
+            arguments in `jax.export`'s syntax, e.g. `("b, ...", None)`:
+            calls that differ only in the named dimensions share one MAX
+            compile with symbolic dimensions. Where a rule needs static
+            shapes, juju compiles per shape as without it (logged once). See
+            the performance guide for the trade-off.
+        tiered: on a new signature, run the calls through `jax.jit` (XLA)
+            while MAX compiles in the background, then switch to MAX. None
+            (the default) follows `JUJU_TIERED` (`0` or `1`), else is on for
+            the CPU engine. False waits for MAX at the first call;
+            `f.wait_compiled()` waits for the compiles in flight.
 
-    `polymorphic_shapes`: shape specs of the positional (non-static)
-    arguments in `jax.export`'s syntax, e.g. `("b, ...", None)`: calls that
-    differ only in the named dimensions share one MAX compile with symbolic
-    dimensions. Where a rule needs static shapes, juju compiles per shape as
-    without it (logged once). See docs/performance.md for the trade-off.
+    Returns:
+        A `JitFunction` (or, without `f`, a decorator making one). Its calls
+        return MAX `Buffer`s (`.to_numpy()`, or `juju.to_numpy` for any
+        dtype), or jax arrays with `coerces_to_jnp`, in the pytree `f`
+        returned.
+
+    Raises:
+        TypeError: `f` is not callable, `engine` is not an `Engine`, or a
+            static argument number or name has the wrong type.
+        ValueError: `static_argnums`/`static_argnames` name no parameter of
+            `f` (checked now, as `jax.jit` does).
     """
     if f is None:
         return functools.partial(
@@ -1054,7 +1150,22 @@ def jit(
 
 
 def make_max_graph(f: Callable, *, engine: Engine | None = None, **jit_kwargs):
-    """`make_max_graph(f)(*args)` returns the MAX graph (print it for its text)."""
+    """A function returning the MAX graph `f` lowers to for given arguments.
+
+    `make_max_graph(f)(*args)` traces and lowers `f` for `args` (arrays or
+    `jax.ShapeDtypeStruct`s) and returns the `max.graph.Graph`, without
+    compiling it; `print` shows its text.
+
+    Args:
+        f: the function, written in JAX.
+        engine: the device the graph is built for; `cpu_engine()` when None.
+        **jit_kwargs: the other options of `juju.jit` (e.g. `static_argnums`).
+
+    Raises:
+        TypeError: `engine` is not an `Engine`.
+        MissingRuleError: (at the call) equations no installed pack lowers.
+        LoweringError: (at the call) a rule failed.
+    """
     _checked_engine(engine)  # fail here, not at the first call
 
     @functools.wraps(f)

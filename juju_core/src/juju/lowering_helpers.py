@@ -20,13 +20,23 @@ def lower_fun(fun, multiple_results: bool = False, *, extra_params=None):
     `lower_fun(f)` returns `rule(ctx, *operands, **params)` that traces
     `f(*operands, **params)` on the equation's input avals and lowers the
     resulting Jaxpr through the interpreter. `f` must not emit the primitive
-    being lowered (that would recurse forever). `extra_params(ctx)` may add
-    keyword arguments computed from the avals (e.g. a key array's PRNG impl).
-    Key arrays reach `f` as their raw key data.
+    being lowered (that would recurse forever). Key arrays reach `f` as their
+    raw key data.
 
     The rule's `decomposition(ctx)` gives the traced Jaxpr without lowering
     it: the interpreter's pre-pass looks inside, so missing rules and kernel
     libraries needed by the decomposition are found before any graph is built.
+
+        rules.register(lax.logistic_p)(lower_fun(lambda x, **_: 1 / (1 + jnp.exp(-x))))
+
+    Args:
+        fun: `fun(*operands, **params)`, in JAX, with the primitive's semantics.
+        multiple_results: whether the primitive returns a list of arrays.
+        extra_params: `extra_params(ctx) -> dict` of keyword arguments for
+            `fun` computed from the avals (e.g. a key array's PRNG impl).
+
+    Returns:
+        The rule function, for `RuleSet.register` or `juju.Rule`.
     """
 
     def params_for(ctx, params):
@@ -117,7 +127,13 @@ def on_parts(fn):
     real ones as arrays; `fn` returns, per output, a `C` (complex output) or an
     array (real output), or a list of them. MAX has no complex dtype: juju
     carries complex arrays as float[..., 2] (`juju.dtypes.physical_aval`).
-    `fn` is traced once per signature and lowered through the real rules."""
+    `fn` is traced once per signature and lowered through the real rules.
+
+    Register it with a guard, above the real rule's priority, so that real
+    equations keep their own rules, as `juju_ops_lax.complex_numbers` does:
+    `rules.register(lax.mul_p, priority=1, guard=has_complex)(on_parts(mul))`
+    (`has_complex` is in `juju.lowering_helpers`).
+    """
 
     def lower_on_parts(ctx, *operands, **params):
         kinds = tuple(is_complex_dtype(a.dtype) for a in ctx.avals_in)

@@ -28,13 +28,20 @@ from juju.errors import JujuError, PackError, PackLoadError
 from juju.registry import Registry, Rule, stamp
 
 ENTRY_POINT_GROUP = "juju"
+"""The entry-point group packs advertise themselves in."""
 
 
 @dataclass(frozen=True)
 class KernelLibrary:
     """A compiled Mojo kernel library that graphs can use.
 
-    `path()` returns the `.mojoc` file, building it on first call if needed.
+    A pack returns it from its `juju_kernel_libraries` hook; rules name it in
+    `Rule.requires`.
+
+    Attributes:
+        name: the name rules use for it.
+        path: `path()` returns the `.mojoc` file, building it on first call
+            if needed; juju calls it only when a graph needs the library.
     """
 
     name: str
@@ -43,7 +50,19 @@ class KernelLibrary:
 
 @dataclass
 class PackInfo:
-    """A pack juju found: where it came from and what it provided."""
+    """A pack juju found: where it came from and what it provided.
+
+    Attributes:
+        name: the entry point's name (`lax`, `nn`), `core` or an in-process
+            pack's name.
+        version: its version (its distribution's, for an entry point).
+        origin: `"entry point <value> (<distribution>)"`, `"core"` or
+            `"in-process"`.
+        rule_count: the rules it provided.
+        error: why it failed to load or to answer a hook, else None.
+        libraries: the names of the kernel libraries it provided.
+        hooks: the `juju_*` hooks it implements.
+    """
 
     name: str
     version: str
@@ -55,6 +74,7 @@ class PackInfo:
 
     @property
     def loaded(self) -> bool:
+        """Whether it loaded without error."""
         return self.error is None
 
 
@@ -98,6 +118,12 @@ def register_pack(plugin: object, name: str, version: str = "0") -> None:
 
     Useful for tests and for applications that define rules without
     publishing a distribution. Takes effect at the next registry build.
+
+    Args:
+        plugin: the pack: anything with `@juju.hookimpl` functions.
+        name: its name in `python -m juju` and in rules' provenance; a pack
+            registered earlier under the same name is replaced.
+        version: its version, recorded on its rules.
     """
     with _lock:
         _state.extra = [e for e in _state.extra if e[0] != name]
@@ -106,6 +132,8 @@ def register_pack(plugin: object, name: str, version: str = "0") -> None:
 
 
 def unregister_pack(name: str) -> None:
+    """Remove an in-process pack registered with `register_pack`; takes
+    effect at the next registry build."""
     with _lock:
         _state.extra = [e for e in _state.extra if e[0] != name]
         _state.registry = None
@@ -136,6 +164,7 @@ def generation() -> int:
 
 
 def packs() -> list[PackInfo]:
+    """Every pack found (loaded or not), loading packs on first use."""
     registry()
     return list(_state.packs)
 
@@ -152,6 +181,8 @@ def jaxpr_rewrites_by_pack() -> list[tuple[str, Callable]]:
 
 
 def kernel_library(name: str) -> KernelLibrary:
+    """The loaded kernel library called `name`; raises `PackLoadError` when
+    no loaded pack provides it."""
     registry()
     try:
         return _state.libraries[name]

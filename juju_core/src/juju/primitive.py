@@ -114,6 +114,17 @@ class Primitive:
     Calling the instance binds the primitive: `out = prim(x, y, param=1)`.
     Called outside any trace, it runs through `juju.jit` on MAX unless a
     `jax_implementation` is given.
+    
+    Attributes:
+        name: the primitive's name.
+        multiple_results: as given.
+        jax_implementation: as given.
+        primitive: the underlying JAX primitive (`jax.extend.core.Primitive`).
+        kernel_libraries: the names of the kernel libraries its rule needs.
+        rule: the `juju.Rule` that lowers it.
+
+    Raises:
+        ValueError: `batching_rule` is a string other than `"elementwise"`.
     """
 
     def __init__(

@@ -24,7 +24,20 @@ from juju.errors import RuleConflictError
 
 
 class Priority(IntEnum):
-    """Where a rule stands when several can lower the same primitive."""
+    """Where a rule stands when several can lower the same primitive.
+
+    The registry tries a primitive's rules from the highest priority down;
+    the first whose guard accepts the equation wins. Any int works as a
+    priority; these are the levels juju's own packs use.
+
+    Attributes:
+        FALLBACK: the core's rule for any primitive with a traceable JAX
+            implementation (-100).
+        GENERIC: structural rules and `juju-ops-lax` (0).
+        FUSED: pattern-level rules onto MAX's fused ops, `juju-ops-nn` (100).
+        KERNEL: hand-written kernels, `juju-kernels-mojo` (200).
+        USER: rules of `juju.Primitive`s the user defines (300).
+    """
 
     FALLBACK = -100  # the core's rule for any primitive with a traceable JAX implementation
     GENERIC = 0  # structural rules and juju-ops-lax
@@ -88,15 +101,27 @@ def _dtype_set(dtypes) -> frozenset | _AllDtypes | None:
 class Rule:
     """A lowering rule: `fn(ctx, *operands, **params)` returns MAX value(s).
 
-    `guard(ctx) -> bool` (pure, on avals and params) narrows when the rule
-    applies. `requires` names kernel libraries the lowering needs in the graph.
-    `dtypes` declares what the rule may receive, on every operand and result:
-    None (the default) means every dtype MAX has (bool, integers, floats);
-    a collection of dtypes means exactly those (list a complex dtype to opt
-    in to it); `ALL_DTYPES` means everything, complex numbers and PRNG keys
-    in their in-graph form. juju never selects a rule for an equation with a
-    dtype the rule did not declare.
-    `pack`/`pack_version` record who supplied it; the registry fills them in.
+    Packs make rules with `RuleSet.register` or `RuleSet.elementwise` rather
+    than directly. juju never selects a rule for an equation with a dtype the
+    rule did not declare (see `dtypes`).
+
+    Attributes:
+        primitive: the JAX primitive the rule lowers.
+        fn: `fn(ctx, *operands, **params)`: `ctx` is the
+            `juju.LoweringContext`, operands are MAX `TensorValue`s, params
+            the equation's parameters by name; returns a value, or a list of
+            them for a primitive with multiple results.
+        priority: decides between rules for one primitive (see `Priority`).
+        guard: `guard(ctx) -> bool` (pure, on avals and params) narrows when
+            the rule applies; None: always.
+        requires: names of kernel libraries the lowering needs in the graph.
+        pack: the pack that supplied it; the registry fills it in.
+        pack_version: that pack's version; filled in likewise.
+        dtypes: what the rule may receive, on every operand and result: None
+            (the default) means every dtype MAX has (bool, integers, floats);
+            a collection of dtypes means exactly those (list a complex dtype
+            to opt in to it); `ALL_DTYPES` means everything, complex numbers
+            and PRNG keys in their in-graph form (`juju.dtypes.physical_aval`).
     """
 
     primitive: object
@@ -113,6 +138,7 @@ class Rule:
 
     @property
     def name(self) -> str:
+        """The rule function's qualified name."""
         return getattr(self.fn, "__qualname__", repr(self.fn))
 
     def accepts(self, avals) -> bool:
@@ -131,6 +157,7 @@ class Rule:
         return True
 
     def describe(self) -> str:
+        """One line for messages: name, pack, version, priority, guard."""
         guard = f" if {getattr(self.guard, '__qualname__', 'guard')}" if self.guard else ""
         dtypes = "" if self.dtypes is None else f", dtypes {_dtypes_name(self.dtypes)}"
         return (
@@ -145,7 +172,19 @@ _DEFAULT = object()
 class RuleSet:
     """A collection of rules a pack returns from its `juju_rules` hook.
 
-    `dtypes` is the default of `register` and `elementwise` (see `Rule`)."""
+        rules = juju.RuleSet()
+
+        @rules.register(lax.convert_element_type_p)
+        def lower_convert_element_type(ctx, x, *, new_dtype, weak_type, sharding):
+            return ops.cast(x, ctx.max_dtype(new_dtype))
+
+        rules.elementwise({lax.add_p: ops.add, lax.sin_p: ops.sin})
+
+    Args:
+        rules: rules to start with.
+        dtypes: the default `dtypes` of the rules `register` and
+            `elementwise` add (see `Rule`).
+    """
 
     def __init__(self, rules: Iterable[Rule] = (), *, dtypes=None):
         self._rules: list[Rule] = list(rules)
@@ -158,6 +197,7 @@ class RuleSet:
         return len(self._rules)
 
     def add(self, rule: Rule) -> Rule:
+        """Add a `Rule` as it is; returns it."""
         self._rules.append(rule)
         return rule
 
@@ -171,7 +211,19 @@ class RuleSet:
     ):
         """Decorator: `@rules.register(lax.sin_p)` over `lower_sin(ctx, x, **params)`.
 
-        `dtypes`: what the rule accepts (see `Rule`); the set's default if omitted."""
+        The function is registered as it is (returned unchanged): operands
+        positional, the equation's params as keyword arguments with their
+        own names. A param that changes the result and that the rule does
+        not support should raise `NotImplementedError` naming it.
+
+        Args:
+            *primitives: the JAX primitives the function lowers (one rule each).
+            priority: see `Priority`.
+            guard: `guard(ctx) -> bool`, pure, on `ctx`'s avals and params:
+                the rule applies only where it returns True.
+            requires: names of kernel libraries the lowering calls into.
+            dtypes: what the rule accepts (see `Rule`); the set's default if omitted.
+        """
         dtypes = self.dtypes if dtypes is _DEFAULT else dtypes
 
         def decorate(fn):
@@ -182,7 +234,14 @@ class RuleSet:
         return decorate
 
     def elementwise(self, table: Mapping, *, priority: int = Priority.GENERIC, dtypes=_DEFAULT):
-        """Register 1:1 rules from `{primitive: max_op}`."""
+        """Register 1:1 rules from `{primitive: max_op}` (see `direct`).
+
+        Args:
+            table: maps each JAX primitive to the MAX op applied to its
+                operands.
+            priority: see `Priority`.
+            dtypes: what the rules accept (see `Rule`); the set's default if omitted.
+        """
         dtypes = self.dtypes if dtypes is _DEFAULT else dtypes
         for primitive, op in table.items():
             self.add(Rule(primitive, direct(op), priority, dtypes=dtypes))
@@ -193,7 +252,12 @@ _NEUTRAL_PARAMS = {"accuracy": None}
 
 
 def direct(op: Callable) -> Callable:
-    """A rule applying a MAX op to the operands; rejects semantic params."""
+    """A rule applying a MAX op to the operands; rejects semantic params.
+
+    `direct(ops.sin)` lowers an equation to `ops.sin(*operands)`. Params
+    that do not change the result on MAX (`accuracy=None`) are accepted;
+    any other raises `NotImplementedError` naming it and its value.
+    """
 
     def lower_direct(ctx, *operands, **params):
         for name, value in params.items():
@@ -208,7 +272,18 @@ def direct(op: Callable) -> Callable:
 
 
 class Registry:
-    """The rules of all loaded packs, indexed by primitive."""
+    """The rules of all loaded packs, indexed by primitive.
+
+    `juju.plugins.registry()` returns the process-wide one; the interpreter
+    asks it for each equation's rule with `select`.
+
+    Attributes:
+        packs: the `juju.plugins.PackInfo` of each pack found.
+        conflicts: primitive -> the message of its rule conflict (see
+            `select`).
+        fingerprint: a hash of every rule's primitive, pack, version,
+            priority and name.
+    """
 
     def __init__(self, rules: Iterable[Rule], packs: Iterable = ()):
         by_primitive: dict[object, list[Rule]] = defaultdict(list)
@@ -219,7 +294,6 @@ class Registry:
             for prim, found in by_primitive.items()
         }
         self.packs = list(packs)
-        #: primitive -> the message of its rule conflict (see `select`)
         self.conflicts: dict[object, str] = _find_conflicts(self._rules)
         self.fingerprint = _fingerprint(self._rules)
         self._catch_all = self._rules.pop(ANY_PRIMITIVE, ())
@@ -247,6 +321,7 @@ class Registry:
         return list(self._rules)
 
     def all_rules(self) -> list[Rule]:
+        """Every rule, catch-all ones last."""
         return [r for rules in self._rules.values() for r in rules] + list(self._catch_all)
 
     def select(self, ctx, libraries: frozenset | None = None) -> Rule | None:
@@ -273,6 +348,7 @@ class Registry:
         return None
 
     def with_provenance(self) -> dict[str, list[Rule]]:
+        """Every rule, by the name of the pack that supplied it."""
         by_pack: dict[str, list[Rule]] = defaultdict(list)
         for rule in self.all_rules():
             by_pack[rule.pack].append(rule)
