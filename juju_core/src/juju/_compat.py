@@ -304,14 +304,17 @@ if getattr(_debugging, "debug_print_p", None) is not None:  # jax >= 0.8
 
 def bind_equation(eqn, invals) -> list:
     """Bind `eqn`'s primitive to `invals` as `jax.core.eval_jaxpr` does (its
-    results as a list). jax 0.10 returns a call's params with `subfuns` in
-    them; older releases returned `(subfuns, params)`."""
+    results as a list), keeping its source info: an equation traced from it
+    names the user's line, not this one. jax 0.10 returns a call's params with
+    `subfuns` in them; older releases returned `(subfuns, params)`."""
     params = eqn.primitive.get_bind_params(eqn.params)
     subfuns = ()
     if isinstance(params, tuple):
         subfuns, params = params
     manager = getattr(getattr(eqn, "ctx", None), "manager", None)
-    with manager if manager is not None else contextlib.nullcontext():
+    name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+    with (source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
+          manager if manager is not None else contextlib.nullcontext()):
         outs = eqn.primitive.bind(*subfuns, *invals, **params)
     return list(outs) if eqn.primitive.multiple_results else [outs]
 
