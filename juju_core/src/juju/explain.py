@@ -193,7 +193,7 @@ def table(choices: list[RuleChoice]) -> str:
     for c in choices:
         how = {"rule": "rule", "fallback": "fallback: via its JAX implementation",
                "host": "host: runs in Python"}[c.how]
-        if c.guard:
+        if c.guard and c.how == "rule":
             how += f" (guard {c.guard})"
         pack = f"{c.pack} {c.pack_version}" if c.pack else "-"
         rows.append((c.path, "  " * c.depth + c.primitive, c.rule or "-", pack,
