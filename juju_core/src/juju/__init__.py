@@ -32,6 +32,7 @@ from juju.hookspecs import hookimpl
 from juju.jit import Compiled, Lowered, compile_all, jit, make_max_graph, to_jax, to_numpy
 from juju.lowering_helpers import lower_fun, on_parts
 from juju.plugins import KernelLibrary
+from juju import primitives
 from juju.primitive import Primitive
 from juju.registry import Priority, Registry, Rule, RuleSet, direct
 
@@ -39,7 +40,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "jit", "make_max_graph", "compile_all", "to_numpy", "to_jax", "Lowered", "Compiled", "Primitive",
-    "explain", "RuleChoice",
+    "explain", "RuleChoice", "primitives",
     "Engine", "cpu_engine", "gpu_engine", "LoweringContext", "Rule", "RuleSet",
     "Registry", "Priority", "direct", "lower_fun", "on_parts", "hookimpl", "KernelLibrary",
     "JujuError", "MissingRuleError", "LoweringError", "RuleConflictError",

@@ -290,16 +290,21 @@ def lowered_primitives() -> set:
 from jax._src import callback as _callback  # noqa: E402
 from jax._src import debugging as _debugging  # noqa: E402
 
+pure_callback_p = _callback.pure_callback_p
+io_callback_p = _callback.io_callback_p
+debug_callback_p = _debugging.debug_callback_p
+debug_print_p = getattr(_debugging, "debug_print_p", None)  # jax >= 0.8
+
 # primitive -> its host implementation, impl(*args, **params) -> results. jax's
 # own impls of pure_callback and io_callback dispatch through XLA; these are the
 # functions XLA's lowering calls back into.
 host_callback_impls = {
-    _callback.pure_callback_p: _callback.pure_callback_impl,
-    _callback.io_callback_p: _callback.io_callback_impl,
-    _debugging.debug_callback_p: _debugging.debug_callback_p.impl,
+    pure_callback_p: _callback.pure_callback_impl,
+    io_callback_p: _callback.io_callback_impl,
+    debug_callback_p: debug_callback_p.impl,
 }
-if getattr(_debugging, "debug_print_p", None) is not None:  # jax >= 0.8
-    host_callback_impls[_debugging.debug_print_p] = _debugging.debug_print_p.impl
+if debug_print_p is not None:
+    host_callback_impls[debug_print_p] = debug_print_p.impl
 
 
 def bind_equation(eqn, invals) -> list:
