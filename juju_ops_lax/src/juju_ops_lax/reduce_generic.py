@@ -13,7 +13,7 @@ import jax
 from jax import lax
 
 from juju import RuleSet, lower_fun
-from juju._compat import primitives as P
+from juju import primitives as P
 
 rules = RuleSet()
 
