@@ -440,7 +440,7 @@ class Lowered:
 
     def explain(self) -> list:
         """Which rule of which pack lowered each equation: a list of
-        `juju.explain.RuleChoice` (see `juju.explain`). Builds the graph with
+        `juju.RuleChoice` (see `juju.explain`). Builds the graph with
         the interpreter recording its choices; compiles nothing."""
         with _max_building(), recording() as recorder:
             graph = self.build_graph()
