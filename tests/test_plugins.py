@@ -17,7 +17,7 @@ from max.graph import ops
 
 import juju
 from juju import plugins
-from juju._compat import primitives as P
+from juju import primitives as P
 from tests.util import assert_same
 
 juju_testpack = pytest.importorskip("juju_testpack", reason="dev.py installs tests/packs/juju_testpack")
@@ -372,3 +372,31 @@ def test_an_undeclared_dtype_is_named_in_the_missing_rule_error(clean_registry):
         juju.jit(real_only).lower(z).as_text()
     assert juju.Rule(P.exp_p, lambda ctx, x: x, dtypes="complex64").dtypes == {np.dtype(np.complex64)}
     assert juju.Rule(P.exp_p, lambda ctx, x: x).accepts([jax.core.ShapedArray((2,), np.int8)])
+
+
+def test_juju_primitives_are_the_primitives_jax_binds():
+    """`juju.primitives`, the public names packs register rules on: each is a
+    JAX primitive (or None where this jax lacks it), and the ones jax keeps
+    private are the very objects its programs bind."""
+    for name in P.__all__:
+        value = getattr(P, name)
+        if name == "call_primitives":
+            assert value and all(isinstance(p, Primitive) for p in value)
+        elif value is not None or name not in P.OPTIONAL:
+            assert isinstance(value, Primitive), f"juju.primitives.{name} is {value!r}"
+    from jax.extend.core import primitives as public
+
+    assert {n for n in dir(public) if n.endswith("_p")} <= set(P.__all__)
+
+    def bound(f, *args):
+        return {e.primitive for e in jax.make_jaxpr(f)(*args).jaxpr.eqns}
+
+    x = jnp.ones(4)
+    assert P.split_p in bound(lambda x: jnp.split(x, 2), x)
+    assert P.optimization_barrier_p in bound(jax.lax.optimization_barrier, x)
+    assert P.pure_callback_p in bound(
+        lambda x: jax.pure_callback(np.sin, jax.ShapeDtypeStruct((4,), x.dtype), x), x)
+    assert P.debug_callback_p in bound(lambda x: jax.debug.callback(print, x), x)
+    assert P.random_wrap_p in bound(jax.random.wrap_key_data, jnp.zeros(2, jnp.uint32))
+    with pytest.raises(AttributeError, match="no attribute 'no_such_p'"):
+        P.no_such_p

@@ -10,7 +10,8 @@
 
 Lowering rules come from packs (`juju-ops-lax`, `juju-ops-nn`,
 `juju-kernels-mojo`, or your own) found through the `juju` entry point group;
-`python -m juju` lists them.
+`python -m juju` lists them, and `juju.explain(f, *args)` (or `python -m juju
+explain`) says which rule of which pack lowers each equation of a program.
 """
 
 from juju.context import LoweringContext
@@ -26,10 +27,12 @@ from juju.errors import (
     RuleConflictError,
     UnsupportedDtypeError,
 )
+from juju.explain import RuleChoice, explain
 from juju.hookspecs import hookimpl
 from juju.jit import Compiled, Lowered, compile_all, jit, make_max_graph, to_jax, to_numpy
 from juju.lowering_helpers import lower_fun, on_parts
 from juju.plugins import KernelLibrary
+from juju import primitives
 from juju.primitive import Primitive
 from juju.registry import ALL_DTYPES, Priority, Registry, Rule, RuleSet, direct
 
@@ -37,6 +40,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "jit", "make_max_graph", "compile_all", "to_numpy", "to_jax", "Lowered", "Compiled", "Primitive",
+    "explain", "RuleChoice", "primitives",
     "Engine", "cpu_engine", "gpu_engine", "LoweringContext", "Rule", "RuleSet",
     "Registry", "Priority", "ALL_DTYPES", "direct", "lower_fun", "on_parts", "hookimpl", "KernelLibrary",
     "JujuError", "MissingRuleError", "LoweringError", "RuleConflictError",

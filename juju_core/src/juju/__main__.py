@@ -9,11 +9,16 @@
     python -m juju cache clear     # delete it
     python -m juju precompile pkg.module:fn --shapes float32[128,784] float32[784]
                                    # compile into the persistent cache ahead of time
+    python -m juju explain pkg.module:fn f32[8,16] i32[]   (or path/to/file.py:fn)
+                                   # which rule of which pack lowers each equation
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import difflib
+import re
 import sys
 
 
@@ -36,10 +41,26 @@ def main(argv=None) -> int:
     given.add_argument("--args", metavar="pkg.module:name",
                        help="a callable returning the positional arguments (a tuple of arrays "
                             "or jax.ShapeDtypeStruct pytrees)")
+    explain = sub.add_parser("explain", help="which rule of which pack lowers each equation "
+                             "of a function (builds its graph, compiles nothing)")
+    explain.add_argument("function", help="pkg.module:name or path/to/file.py:name, a "
+                         "function or a juju.jit function")
+    explain.add_argument("shapes", nargs="*", metavar="DTYPE[DIMS]",
+                         help="one array per positional argument, e.g. f32[8,16] i32[] "
+                              "(jax's short dtype names, or numpy's: float32)")
+    explain.add_argument("--args", metavar="pkg.module:name",
+                         help="instead of shapes: a callable returning the positional "
+                              "arguments (arrays or jax.ShapeDtypeStruct pytrees)")
+    explain.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                         help="the choices as JSON")
     args = parser.parse_args(argv)
 
-    if args.command == "precompile":
-        return _precompile(args)
+    if args.command in ("precompile", "explain"):
+        try:
+            return _precompile(args) if args.command == "precompile" else _explain(args)
+        except UsageError as exc:
+            print(f"juju {args.command}: {exc}", file=sys.stderr)
+            return 2
     if args.command == "cache":
         return _cache(args.action)
 
@@ -124,8 +145,6 @@ def _pack_record(info) -> dict:
 
 
 def _close_names(name: str, registry) -> list[str]:
-    import difflib
-
     from juju import coverage
 
     coverage.import_libraries()
@@ -150,30 +169,138 @@ def _cache(action: str) -> int:
     return 0
 
 
-def _resolve(target: str):
-    import importlib
+class UsageError(ValueError):
+    """A command line juju cannot act on: a bad shape, no such function."""
 
-    module, sep, name = target.partition(":")
-    if not sep or not name:
-        raise SystemExit(f"juju precompile: expected pkg.module:name, got {target!r}")
-    value = importlib.import_module(module)
-    for part in name.split("."):
+
+def _resolve(target: str):
+    """The object `pkg.module:name` or `path/to/file.py:name` names."""
+    module_name, sep, name = target.rpartition(":")
+    if not sep or not module_name or not name:
+        raise UsageError(f"expected pkg.module:name or path/to/file.py:name, got {target!r}")
+    module = _load_module(module_name)
+    value = module
+    for depth, part in enumerate(name.split(".")):
+        if not hasattr(value, part):
+            where = ".".join([module_name, *name.split(".")[:depth]])
+            known = [n for n in dir(value) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, known, n=3, cutoff=0.6)
+            functions = [n for n in known if callable(getattr(value, n, None))]
+            if close:
+                hint = f"; did you mean: {', '.join(close)}?"
+            elif functions and len(functions) <= 12:
+                hint = f" (it has: {', '.join(functions)})"
+            else:
+                hint = ""
+            raise UsageError(f"{where} has no attribute {part!r}{hint}")
         value = getattr(value, part)
     return value
 
 
-def _spec(text: str):
-    import re
+def _load_module(name: str):
+    import importlib
+    import importlib.util
+    from pathlib import Path
 
-    import jax
+    path = Path(name)
+    if name.endswith(".py"):
+        if not path.is_file():
+            raise UsageError(f"no such file: {name}")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, str(path.resolve().parent))  # its own imports, as `python file.py`
+        sys.modules.setdefault(path.stem, module)
+        spec.loader.exec_module(module)
+        return module
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (name == exc.name or name.startswith(exc.name + ".")):
+            raise  # the module itself imports something missing: show where
+        raise UsageError(f"no module named {exc.name!r} (give pkg.module:name for an "
+                         "importable module, or path/to/file.py:name)") from None
+
+
+# jax's short dtype names (f32, bf16, i8, u32, c64, f8_e4m3fn), as it prints avals.
+_SHORT_DTYPE = re.compile(r"(bf|f|u|i|c)(\d+)(_\w+)?")
+_SHORT_PREFIX = {"bf": "bfloat", "f": "float", "u": "uint", "i": "int", "c": "complex"}
+
+
+def _dtype(name: str):
     import jax.numpy as jnp
+
+    short = _SHORT_DTYPE.fullmatch(name)  # before numpy's codes: f16 is not float128
+    full = (_SHORT_PREFIX[short[1]] + short[2] + (short[3] or "")) if short else name
+    try:
+        return jnp.dtype(full)
+    except TypeError:
+        known = ["bool", *(f"{p}{n}" for p in ("f", "i", "u") for n in (8, 16, 32, 64)),
+                 "bf16", "c64", "c128"]
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+        hint = f"; did you mean: {', '.join(close)}?" if close else ""
+        raise UsageError(f"unknown dtype {name!r}{hint}") from None
+
+
+def _spec(text: str):
+    import jax
 
     match = re.fullmatch(r"\s*(\w+)\s*\[([\d,\s]*)\]\s*", text)
     if match is None:
-        raise SystemExit(f"juju precompile: bad shape {text!r}; write e.g. float32[128,784] "
-                         "or int32[] for a scalar")
+        raise UsageError(f"bad shape {text!r}; write e.g. f32[128,784] (or float32[128,784]), "
+                         "or i32[] for a scalar")
     dims = tuple(int(d) for d in match[2].replace(" ", "").split(",") if d)
-    return jax.ShapeDtypeStruct(dims, jnp.dtype(match[1]))
+    return jax.ShapeDtypeStruct(dims, _dtype(match[1]))
+
+
+def _function(target: str):
+    """A juju.jit function of what `target` names."""
+    import juju
+    from juju.jit import JitFunction
+
+    fn = _resolve(target)
+    if isinstance(fn, JitFunction):
+        return fn
+    if not callable(fn):
+        raise UsageError(f"{target} is a {type(fn).__name__}, not a function")
+    return juju.jit(fn)
+
+
+def _arguments(args, fn) -> list:
+    """The positional arguments the command line gives `fn`, checked against
+    its signature."""
+    import inspect
+
+    if args.args:
+        if args.shapes:
+            raise UsageError("give shapes or --args, not both")
+        arguments = list(_resolve(args.args)())
+    else:
+        arguments = [_spec(s) for s in args.shapes]
+    try:
+        signature = inspect.signature(fn.fun)
+    except (TypeError, ValueError):  # not inspectable: the trace will tell
+        return arguments
+    try:
+        signature.bind(*arguments)
+    except TypeError as exc:
+        raise UsageError(f"{args.function}{signature} cannot take {len(arguments)} "
+                         f"positional argument(s): {exc}") from None
+    return arguments
+
+
+def _explain(args) -> int:
+    import json
+
+    from juju.explain import table
+
+    fn = _function(args.function)
+    choices = fn._lowered_for(tuple(_arguments(args, fn)), {}).explain()
+    if getattr(args, "json", False):
+        print(json.dumps({"function": args.function,
+                          "choices": [dataclasses.asdict(c) for c in choices]}, indent=2))
+    else:
+        print(table(choices))
+    return 0
 
 
 def _precompile(args) -> int:
@@ -181,16 +308,13 @@ def _precompile(args) -> int:
 
     import juju
     from juju import cache
-    from juju.jit import JitFunction
 
     if not cache.enabled():
         print("juju precompile: the persistent cache is disabled (JUJU_DISABLE_CACHE)",
               file=sys.stderr)
         return 2
-    fn = _resolve(args.function)
-    if not isinstance(fn, JitFunction):
-        fn = juju.jit(fn)
-    arguments = [_spec(s) for s in args.shapes] if args.shapes else _resolve(args.args)()
+    fn = _function(args.function)
+    arguments = _arguments(args, fn)
     start = time.perf_counter()
     juju.compile_all([fn.lower(*arguments)])
     print(f"juju: {args.function} is in the persistent cache ({cache.directory()}), "

@@ -290,28 +290,36 @@ def lowered_primitives() -> set:
 from jax._src import callback as _callback  # noqa: E402
 from jax._src import debugging as _debugging  # noqa: E402
 
+pure_callback_p = _callback.pure_callback_p
+io_callback_p = _callback.io_callback_p
+debug_callback_p = _debugging.debug_callback_p
+debug_print_p = getattr(_debugging, "debug_print_p", None)  # jax >= 0.8
+
 # primitive -> its host implementation, impl(*args, **params) -> results. jax's
 # own impls of pure_callback and io_callback dispatch through XLA; these are the
 # functions XLA's lowering calls back into.
 host_callback_impls = {
-    _callback.pure_callback_p: _callback.pure_callback_impl,
-    _callback.io_callback_p: _callback.io_callback_impl,
-    _debugging.debug_callback_p: _debugging.debug_callback_p.impl,
+    pure_callback_p: _callback.pure_callback_impl,
+    io_callback_p: _callback.io_callback_impl,
+    debug_callback_p: debug_callback_p.impl,
 }
-if getattr(_debugging, "debug_print_p", None) is not None:  # jax >= 0.8
-    host_callback_impls[_debugging.debug_print_p] = _debugging.debug_print_p.impl
+if debug_print_p is not None:
+    host_callback_impls[debug_print_p] = debug_print_p.impl
 
 
 def bind_equation(eqn, invals) -> list:
     """Bind `eqn`'s primitive to `invals` as `jax.core.eval_jaxpr` does (its
-    results as a list). jax 0.10 returns a call's params with `subfuns` in
-    them; older releases returned `(subfuns, params)`."""
+    results as a list), keeping its source info: an equation traced from it
+    names the user's line, not this one. jax 0.10 returns a call's params with
+    `subfuns` in them; older releases returned `(subfuns, params)`."""
     params = eqn.primitive.get_bind_params(eqn.params)
     subfuns = ()
     if isinstance(params, tuple):
         subfuns, params = params
     manager = getattr(getattr(eqn, "ctx", None), "manager", None)
-    with manager if manager is not None else contextlib.nullcontext():
+    name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+    with (source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack),
+          manager if manager is not None else contextlib.nullcontext()):
         outs = eqn.primitive.bind(*subfuns, *invals, **params)
     return list(outs) if eqn.primitive.multiple_results else [outs]
 

@@ -25,6 +25,7 @@ from jax import tree_util
 from juju import _compat
 from juju._compat import is_complex_dtype, is_key_dtype
 from juju.errors import JujuError
+from juju.explain import RuleChoice
 from juju.jit import JitFunction, Lowered, _host_buffer, _max_driver, to_jax, to_numpy
 
 __all__ = ["has_callbacks", "StagedLowered"]
@@ -399,6 +400,11 @@ class StagedLowered(Lowered):
     def as_text(self) -> str:
         return "\n\n".join(f"// {part.name}\n{part.as_text()}" for part in self.parts)
 
+    def explain(self) -> list:
+        """`Lowered.explain` for each segment's graph (paths `segmentN/...`),
+        and a `"host"` choice for each step that runs in Python."""
+        return _explain(self.plan, "")
+
     def assemble(self):
         """The executable, once every part is compiled (in the jit caches)."""
         for segment in self.plan.segments():
@@ -406,3 +412,25 @@ class StagedLowered(Lowered):
             segment.executable = low.jit_function._cache[low.key]
         return StagedExecutable(self.plan, self.out_tree, self.closed_jaxpr.out_avals,
                                 self.jit_function.coerces_to_jnp)
+
+
+def _explain(program: Plan, prefix: str) -> list:
+    index = {id(e): i for i, e in enumerate(program.jaxpr.eqns)}
+    choices = []
+    for step in program.steps:
+        if isinstance(step, Segment):
+            label = step.lowered.jit_function.fun.__name__.rpartition(".")[2]  # "segment2"
+            choices += [dataclasses.replace(c, path=f"{prefix}{label}/{c.path}")
+                        for c in step.lowered.explain()]
+            continue
+        path = f"{prefix}{index[id(step.eqn)]}"
+        choices.append(RuleChoice.of(path, step.eqn, None))
+        if isinstance(step, While):
+            inside = [("cond", step.cond), ("body", step.body)]
+        elif isinstance(step, Cond):
+            inside = [(f"branch{i}", branch) for i, branch in enumerate(step.branches)]
+        else:  # Scan, Inline: a body; Callback: nothing
+            inside = [("body", step.body)] if hasattr(step, "body") else []
+        for label, sub in inside:
+            choices += _explain(sub, f"{path}/{label}/")
+    return choices

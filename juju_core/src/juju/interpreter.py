@@ -3,6 +3,7 @@
 Higher-order rules (calls, control flow) re-enter this loop through
 `ctx.lower`. The only other walk over equations is `find_missing_rules`, a
 pre-pass that reports every gap at once before any graph is built.
+`juju.explain` records what the loop selects (juju/explain.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from juju._compat import (
 )
 from juju.context import LoweringContext, constant
 from juju.errors import LoweringError, MissingRule, MissingRuleError, RuleConflictError
+from juju.explain import active_recorder
 from juju.registry import Registry
 
 
@@ -59,8 +61,9 @@ def lower_jaxpr(
         env[var] = value
     env.update(zip(jaxpr.invars, args))
     lower = partial(lower_jaxpr, registry=registry, device=device, libraries=libraries)
+    recorder = active_recorder()  # None unless juju.explain is running
 
-    for eqn in jaxpr.eqns:
+    for index, eqn in enumerate(jaxpr.eqns):
         ctx = LoweringContext(
             eqn=eqn,
             avals_in=tuple(v.aval for v in eqn.invars),
@@ -71,6 +74,8 @@ def lower_jaxpr(
         rule = _select(registry, ctx, libraries)
         if rule is None:
             raise _missing_error([eqn], registry)
+        if recorder is not None:
+            ctx = recorder.record(ctx, index, rule)
         try:
             result = rule.fn(ctx, *map(read, eqn.invars), **eqn.params)
         except LoweringError as inner:

@@ -49,6 +49,7 @@ from juju.dtypes import (
 from juju.engine import Engine, cpu_engine
 from juju.engine import module_of as engine_module_of
 from juju.errors import JujuError
+from juju.explain import recording
 from juju.interpreter import build_graph, check_rules
 from juju.logs import describe, explain_miss, log
 from juju.rewrites import apply_rewrites
@@ -460,6 +461,15 @@ class Lowered:
         """The MAX graph's text (its MLIR)."""
         return str(self.graph)
 
+    def explain(self) -> list:
+        """Which rule of which pack lowered each equation: a list of
+        `juju.RuleChoice` (see `juju.explain`). Builds the graph with
+        the interpreter recording its choices; compiles nothing."""
+        with _max_building(), recording() as recorder:
+            graph = self.build_graph()
+        self.__dict__.setdefault("_graph", graph)
+        return recorder.choices()
+
     def compile(self) -> "Compiled":
         """Compile (or load from the caches) and return the `Compiled`; to
         compile several in one MAX compilation, use `juju.compile_all`."""
@@ -868,13 +878,17 @@ class JitFunction:
         `LoweringError`); compiling is left to `.compile()` or
         `juju.compile_all`.
         """
+        lowered = self._lowered_for(args, kwargs)
+        lowered.graph  # build now, so that rule failures surface here
+        return lowered
+
+    def _lowered_for(self, args, kwargs) -> Lowered:
+        """Traced and checked for these arguments; the graph not built yet."""
         dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
         leaves, treedef = tree_util.tree_flatten((dyn_args, dyn_kwargs))
         signature = tuple(map(_signature, leaves))
         key = _cache_key(treedef, statics, signature)
-        lowered = self._lower(key, treedef, statics, _avals(signature))
-        lowered.graph  # build now, so that rule failures surface here
-        return lowered
+        return self._lower(key, treedef, statics, _avals(signature))
 
     def _lower(self, key, treedef, statics, avals) -> Lowered:
         lowered = self._lowered.get(key)

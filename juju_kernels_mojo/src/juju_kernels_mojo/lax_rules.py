@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 import juju
-from juju._compat import primitives as P
+from juju import primitives as P
 from juju_kernels_mojo import LIBRARY
 from juju_kernels_mojo.lowering import broadcast_operands, call_kernel
 

@@ -19,7 +19,9 @@ from jax import lax
 from max.graph import ops
 
 from juju import ALL_DTYPES, RuleSet, lower_fun, on_parts
-from juju._compat import is_complex_dtype, jax_impls, primitives as P, split_p, tile_p
+from juju import primitives as P
+from juju._compat import is_complex_dtype, jax_impls
+from juju.primitives import split_p, tile_p
 from juju.lowering_helpers import C, has_complex
 from juju.errors import UnsupportedDtypeError
 from juju_ops_lax._util import lower_per_word

@@ -23,9 +23,9 @@ from max.dtype import DType
 from max.graph import DeviceRef, Graph, TensorType, ops
 
 from juju import ALL_DTYPES, RuleSet
-from juju._compat import (
-    empty2_p, open_jaxpr, platform_index_p, primitives as P, scan_layout, sub_jaxprs_of_params,
-)
+from juju import primitives as P
+from juju._compat import open_jaxpr, scan_layout, sub_jaxprs_of_params
+from juju.primitives import empty2_p, platform_index_p
 from juju.dtypes import physical_aval
 from juju_ops_lax._util import reduce_axis
 

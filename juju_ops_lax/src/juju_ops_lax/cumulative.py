@@ -12,7 +12,7 @@ import numpy as np
 from max.graph import ops
 
 from juju import RuleSet
-from juju._compat import primitives as P
+from juju import primitives as P
 from juju_ops_lax._util import is_bool, is_float, scalar
 
 rules = RuleSet()

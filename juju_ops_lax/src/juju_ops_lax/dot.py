@@ -10,7 +10,7 @@ from max.dtype import DType
 from max.graph import ops
 
 from juju import RuleSet
-from juju._compat import primitives as P
+from juju import primitives as P
 from juju.dtypes import max_shape
 
 rules = RuleSet()

@@ -17,7 +17,9 @@ from max.dtype import DType
 from max.graph import ops
 
 from juju import RuleSet, lower_fun
-from juju._compat import jax_impls, log2_p, one_minus_square_p, polynomial_p, primitives as P
+from juju import primitives as P
+from juju._compat import jax_impls
+from juju.primitives import log2_p, one_minus_square_p, polynomial_p
 from juju_ops_lax import nan
 from juju_ops_lax._util import (
     broadcast_to, is_bool, is_float, is_signed_int, is_unsigned_int, scalar,

@@ -15,7 +15,7 @@ import numpy as np
 from jax import lax
 
 from juju import ALL_DTYPES, RuleSet, lower_fun
-from juju._compat import primitives as P
+from juju import primitives as P
 
 # Decompositions traced in JAX on the equation's own (complex) avals.
 rules = RuleSet(dtypes=ALL_DTYPES)

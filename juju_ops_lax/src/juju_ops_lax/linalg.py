@@ -20,7 +20,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from juju import ALL_DTYPES, RuleSet, lower_fun
-from juju._compat import geqrf_p, jax_impls, lu_pivots_to_permutation_p, primitives as P
+from juju import primitives as P
+from juju._compat import jax_impls
+from juju.primitives import geqrf_p, lu_pivots_to_permutation_p
 
 # Decompositions traced in JAX on the equation's own avals (complex too).
 rules = RuleSet(dtypes=ALL_DTYPES)

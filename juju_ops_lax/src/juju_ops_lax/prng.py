@@ -17,12 +17,10 @@ from max.dtype import DType
 from max.graph import ops
 
 from juju import ALL_DTYPES, RuleSet, lower_fun
-from juju._compat import (
+from juju import primitives as P
+from juju._compat import is_key_dtype, jax_impls, key_impl
+from juju.primitives import (
     iota_2x32_shape_p,
-    is_key_dtype,
-    jax_impls,
-    key_impl,
-    primitives as P,
     random_clone_p,
     random_unwrap_p,
     random_wrap_p,

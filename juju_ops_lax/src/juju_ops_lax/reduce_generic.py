@@ -13,7 +13,7 @@ import jax
 from jax import lax
 
 from juju import ALL_DTYPES, RuleSet, lower_fun
-from juju._compat import primitives as P
+from juju import primitives as P
 
 # A decomposition traced in JAX on the equation's own avals (complex too).
 rules = RuleSet(dtypes=ALL_DTYPES)

@@ -10,7 +10,7 @@ from jax import lax
 from max.graph import ops
 
 from juju import RuleSet, lower_fun
-from juju._compat import primitives as P
+from juju import primitives as P
 from juju.dtypes import max_shape, static_shape
 from juju_ops_lax._util import is_bool, is_float, reduce_axis, scalar
 

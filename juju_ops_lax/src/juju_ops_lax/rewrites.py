@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from juju._compat import ClosedJaxpr, Var, primitives as P
+from juju import primitives as P
+from juju._compat import ClosedJaxpr, Var
 
 
 def _swappable(dot) -> bool:

@@ -28,7 +28,7 @@ import numpy as np
 from jax import lax
 
 from juju import RuleSet, lower_fun
-from juju._compat import primitives as P
+from juju import primitives as P
 
 rules = RuleSet()
 

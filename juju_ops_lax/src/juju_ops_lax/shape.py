@@ -8,7 +8,8 @@ import numpy as np
 from max.graph import ops
 
 from juju import RuleSet
-from juju._compat import dim_as_value_p, primitives as P, split_p, stack_p, tile_p, unstack_p
+from juju import primitives as P
+from juju.primitives import dim_as_value_p, split_p, stack_p, tile_p, unstack_p
 from juju.dtypes import max_dim, max_shape
 from juju_ops_lax._util import reject
 

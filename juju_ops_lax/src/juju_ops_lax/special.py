@@ -16,7 +16,8 @@ import numpy as np
 from jax import lax
 
 from juju import RuleSet, lower_fun
-from juju._compat import jax_impls, primitives as P
+from juju import primitives as P
+from juju._compat import jax_impls
 
 rules = RuleSet()
 

@@ -28,7 +28,7 @@ from max.dtype import DType
 from max.graph import ops
 
 from juju import ALL_DTYPES, RuleSet, on_parts
-from juju._compat import primitives as P
+from juju import primitives as P
 from juju.lowering_helpers import C, has_complex, with_dtype
 from juju_ops_nn._layout import dilate, pad_or_crop
 

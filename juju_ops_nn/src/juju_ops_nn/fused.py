@@ -19,7 +19,8 @@ from max.dtype import DType
 from max.graph import ops
 
 from juju import Priority, RuleSet
-from juju._compat import open_jaxpr, primitives as P
+from juju import primitives as P
+from juju._compat import open_jaxpr
 from juju.dtypes import is_float
 from juju_ops_nn.patterns import (
     Any, Lit, Op, Opt, Pattern, X, is_number, near, nn_fused_p, positive, rewrite_closed_jaxpr,

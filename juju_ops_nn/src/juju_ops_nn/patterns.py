@@ -22,9 +22,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
-from juju._compat import (
-    ClosedJaxpr, Jaxpr, JaxPrimitive, Literal, Var, call_primitives, jex_core, open_jaxpr,
-)
+from juju._compat import ClosedJaxpr, Jaxpr, JaxPrimitive, Literal, Var, jex_core, open_jaxpr
+from juju.primitives import call_primitives
 
 COMMUTATIVE = {"add", "mul", "max", "min"}
 

@@ -19,7 +19,8 @@ from max.graph import ops
 
 from juju import RuleSet
 from juju.lowering_helpers import with_dtype
-from juju._compat import ClosedJaxpr, primitives as P
+from juju import primitives as P
+from juju._compat import ClosedJaxpr
 from juju_ops_nn._layout import dilate, pad_or_crop, window_slices
 
 rules = RuleSet()
