@@ -48,8 +48,9 @@ class RuleChoice:
             around one, run in Python between MAX graphs: juju.host).
         rule: the rule's function, e.g. `lower_while` or `direct(sin)`; None
             for `"host"`.
-        pack, pack_version: the pack that registered the rule (`"core"` for
-            juju's own); None for `"host"`.
+        pack: the pack that registered the rule (`"core"` for juju's own);
+            None for `"host"`.
+        pack_version: that pack's version; None for `"host"`.
         priority: the rule's priority, e.g. `"GENERIC (0)"`; None for `"host"`.
         guard: the guard that accepted the equation, or None (no guard).
         source: the user's source line of the equation.

@@ -62,8 +62,8 @@ from juju._compat import (  # noqa: F401  (re-exported)
     unstack_p,
 )
 
-#: The primitives that may be None (see above).
 OPTIONAL = frozenset({"log2_p", "one_minus_square_p", "polynomial_p", "debug_print_p"})
+"""The primitives that may be None: a jax version without them (see above)."""
 
 _OWN = [name for name in dir() if name.endswith("_p")]
 

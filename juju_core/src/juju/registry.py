@@ -77,6 +77,8 @@ class _AllDtypes:
 
 
 ALL_DTYPES = _AllDtypes()
+"""`dtypes=ALL_DTYPES`: a rule that takes every dtype, complex numbers and PRNG
+key arrays included, in their in-graph form (see `Rule`)."""
 
 
 @functools.cache
@@ -184,6 +186,9 @@ class RuleSet:
         rules: rules to start with.
         dtypes: the default `dtypes` of the rules `register` and
             `elementwise` add (see `Rule`).
+
+    Attributes:
+        dtypes: that default.
     """
 
     def __init__(self, rules: Iterable[Rule] = (), *, dtypes=None):
