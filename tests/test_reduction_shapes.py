@@ -19,6 +19,7 @@ import pytest
 from jax import lax
 
 import juju
+from juju import to_numpy
 from tests.util import assert_same
 
 SHAPES = [(1,), (4, 1), (1, 4), (128, 1), (1, 3, 4), (3, 1, 4), (3, 4, 1), (4, 1, 1),
@@ -82,11 +83,18 @@ def empty_reductions(f, i):
 def clip_by_global_norm(a, b):
     """optax.clip_by_global_norm(1.0) on {"a": (1000, 64), "b": (64,)}, as its
     jaxpr: MAX failed to compile it ("could not parse its Mojo generated code")
-    while the rank-1 sum was a reduction of its [1, 64] reshape."""
+    until the sums' rank-0 results went through `_util.sum_to_shape`."""
     sums = [jnp.sum(jnp.square(x) + jnp.square(jnp.zeros_like(x))) for x in (a, b)]
     norm = jnp.sqrt(0.0 + sums[0] + sums[1])
     clip = norm < 1.0
     return tuple(lax.select(clip, x, x / norm * 1.0) for x in (a, b))
+
+
+def scalar_results(z, ones, x, with_nan):
+    """Scalars of float reductions and dots: -0.0 and NaN must come through."""
+    return (jnp.max(z), jnp.min(z), jnp.sum(z), jnp.dot(z, ones), jnp.sum(with_nan),
+            jnp.max(with_nan), jnp.sqrt(jnp.sum(x * x)) * x[0], jnp.sum(x).astype(jnp.float16),
+            jnp.sum(x.astype(jnp.float16)))
 
 
 rng = np.random.default_rng(0)
@@ -95,8 +103,12 @@ INTS = [rng.integers(-1000, 1000, s).astype(np.int32) for s in SHAPES]
 EMPTY = (np.zeros((0, 3), np.float32), np.zeros((0, 3), np.int32))
 CLIP = (rng.standard_normal((1000, 64)).astype(np.float32) / 100,
         rng.standard_normal(64).astype(np.float32))
+SCALAR_ARGS = (np.array([-0.0, -0.0], np.float32), np.ones(2, np.float32),
+               np.arange(5, dtype=np.float32) / 3, np.array([1.0, np.nan], np.float32))
 CASES = {"all_reductions": (all_reductions, (FLOATS, INTS)),
-         "empty_reductions": (empty_reductions, EMPTY)}
+         "empty_reductions": (empty_reductions, EMPTY),
+         "clip_by_global_norm": (clip_by_global_norm, CLIP),
+         "scalar_results": (scalar_results, SCALAR_ARGS)}
 JITTED = {name: juju.jit(fn) for name, (fn, _) in CASES.items()}
 
 
@@ -120,13 +132,13 @@ def test_matches_jax(name):
         assert_same(got, want)
 
 
-CLIP_GAP = ("MAX 26.7 fails to compile the rank-1 sum fused with its [1, n] reshape prologue and "
-            "a sqrt epilogue with two consumers ('could not parse its Mojo generated code'); "
-            "reducing the rank-1 operand directly avoids it but makes MAX segfault on QR's "
-            "loop body (juju_ops_lax/_util.py, docs/programs.md)")
-
-
-@pytest.mark.xfail(reason=CLIP_GAP, strict=True, raises=juju.errors.CompileError)
-def test_clip_by_global_norm():
-    f = juju.jit(clip_by_global_norm)
-    assert_same(f(*CLIP), jax.jit(clip_by_global_norm)(*CLIP))
+def test_scalar_results_keep_signed_zeros_and_nans():
+    """Float sums reshaped to rank 0 pass through a cumsum of one element
+    (juju_ops_lax/_util.py `sum_to_shape`, the clip_by_global_norm fix):
+    signed zeros and NaN as XLA's."""
+    got = JITTED["scalar_results"](*SCALAR_ARGS)
+    want = jax.jit(scalar_results)(*SCALAR_ARGS)
+    assert_same(got, want)
+    signs = [(float(to_numpy(g)), float(w)) for g, w in zip(got, want)]
+    assert [(np.signbit(g), np.isnan(g)) for g, _ in signs] == [
+        (np.signbit(w), np.isnan(w)) for _, w in signs], signs

@@ -88,6 +88,24 @@ def reduce_axis(op, x, axis: int, shape=None):
     return ops.reshape(reduced, kept)
 
 
+def sum_to_shape(x, shape):
+    """A float sum `x` reshaped to `shape`, which may be rank 0, without
+    tripping MAX 26.7's fusion bug.
+
+    MAX fails to compile ("could not parse its Mojo generated code") a
+    reduction whose result is reshaped to rank 0 and fused into an epilogue
+    with several consumers, as optax's clip_by_global_norm and diffrax's
+    error norms do: sqrt(sum(a^2) + sum(b^2)) compared with 1 and dividing
+    every leaf (tests/test_reduction_shapes.py). A cumsum of the one element
+    is an op MAX does not fuse through; it computes 0 + the sum, which is
+    what XLA's sum computes too (+0.0 for a sum of -0.0s). (A top_k of one
+    element, exact for max and min, made MAX fail on max and min of one
+    operand side by side.)"""
+    if list(shape) or not DType.is_float(x.dtype):
+        return ops.reshape(x, max_shape(shape))
+    return ops.reshape(ops.cumsum(ops.reshape(x, [1]), axis=0), [])
+
+
 def _fast_reduce(op, x, pre, size, post, shape):
     """A faster form of the reduction of (pre, size, post)'s middle axis for an
     operand that is not a broadcast, or None when there is none."""

@@ -12,7 +12,7 @@ from max.graph import ops
 from juju import RuleSet, lower_fun
 from juju import primitives as P
 from juju.dtypes import max_shape, static_shape
-from juju_ops_lax._util import is_bool, is_float, reduce_axis, scalar
+from juju_ops_lax._util import is_bool, is_float, reduce_axis, scalar, sum_to_shape
 
 rules = RuleSet()
 
@@ -46,6 +46,8 @@ def _reduce(op, ctx, x, axes, identity=None):
             x = ops.reshape(x, merged)
         x = reduce_axis(op, x, first, merged)
         shape = merged[:first] + [1] + merged[first + 1:]
+    if op is ops.sum:
+        return sum_to_shape(x, ctx.aval_out.shape)
     return ops.reshape(x, list(ctx.aval_out.shape))
 
 
