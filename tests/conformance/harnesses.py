@@ -179,6 +179,59 @@ def compare(expected: list, got: list, dtype: str) -> str | None:
     return None
 
 
+def compare_decomposition(group: str, params: dict, args: list, expected: list,
+                          got: list) -> str | None:
+    """eigh and svd: eigenvectors and singular vectors are unique only up to a
+    sign (a phase when complex), and LAPACK's are what its iteration happens to
+    give, so they are checked by what defines them: the values match jax.jit
+    normwise (Weyl: a backward-stable method fixes each eigenvalue or singular
+    value to rtol * the largest one), and the vectors reconstruct the input
+    (max column residual / ||A||) and are orthonormal (max |V^H V - I|), each
+    within the dtype's rtol. Shapes and dtypes must match as elsewhere."""
+    if len(expected) != len(got):
+        return f"{len(got)} outputs, expected {len(expected)}"
+    got = [to_numpy(g) for g in got]
+    for i, (e, g) in enumerate(zip(expected, got)):
+        if e.shape != g.shape or e.dtype != g.dtype:
+            return f"output {i}: {g.dtype}{g.shape}, expected {e.dtype}{e.shape}"
+    part = np.finfo(expected[0].dtype).dtype.name
+    rtol, atol = TOLERANCES[part]
+    a = np.asarray(args[0]).astype(np.complex128 if np.iscomplexobj(args[0]) else np.float64)
+    values_at = 1 if group == "eigh" else 0
+    e_val, g_val = (x.astype(np.float64) for x in (expected[values_at], got[values_at]))
+    scale = np.max(np.abs(e_val), axis=-1, keepdims=True, initial=0.0)
+    bad = np.abs(g_val - e_val) > rtol * scale + atol
+    if bad.any():
+        k = int(np.argmax(bad.ravel()))
+        return (f"values: {int(bad.sum())}/{bad.size} differ (normwise), e.g. got "
+                f"{g_val.ravel()[k]!r} expected {e_val.ravel()[k]!r}")
+    if a.size == 0 or (group == "svd" and not params["compute_uv"]):
+        return None
+    norm = np.linalg.norm(a, ord=2, axis=(-2, -1))[..., None] if a.ndim >= 2 else 1.0
+    norm = np.maximum(norm, np.finfo(np.float64).tiny)
+    if group == "eigh":
+        v = got[0].astype(a.dtype)
+        residual = np.linalg.norm(a @ v - v * g_val[..., None, :], axis=-2) / norm
+        bases = {"eigenvectors": v}
+    else:
+        u, vt = (x.astype(a.dtype) for x in got[1:])
+        k = g_val.shape[-1]
+        rebuilt = (u[..., :, :k] * g_val[..., None, :]) @ vt[..., :k, :]
+        residual = np.linalg.norm(a - rebuilt, axis=-2) / norm
+        bases = {"U": u, "V": np.conj(np.swapaxes(vt, -1, -2))}
+    if residual.max() > rtol:
+        return f"vectors: reconstruction residual {residual.max():.3g} > {rtol}"
+    for name, q in bases.items():
+        gram = np.conj(np.swapaxes(q, -1, -2)) @ q
+        off = np.abs(gram - np.eye(gram.shape[-1])).max(initial=0.0)
+        if off > rtol:
+            return f"{name}: max |V^H V - I| = {off:.3g} > {rtol}"
+    return None
+
+
+DECOMPOSITIONS = ("eigh", "svd")
+
+
 class Worker:
     """Runs a list of harnesses: prepare (jax.jit + juju lowering), compile
     all together, execute and compare. Writes one JSON line per event to
@@ -219,7 +272,7 @@ class Worker:
             except Exception as exc:
                 self.result(name, *_classify_exception(exc))
                 continue
-            ready.append((name, fn, low, inputs, expected, dtype_name(h)))
+            ready.append((name, fn, low, inputs, expected, h, args))
         self._compile(ready)
 
     def _compile(self, ready):
@@ -238,13 +291,17 @@ class Worker:
             self._compile(ready[:half])
             self._compile(ready[half:])
             return
-        for name, fn, low, inputs, expected, dtype in ready:
+        for name, fn, low, inputs, expected, h, args in ready:
             self.emit(phase="execute", ids=[name])
             try:
                 import jax
 
                 got = jax.tree_util.tree_leaves(fn(*inputs))
-                problem = compare(expected, got, dtype)
+                if h.group_name in DECOMPOSITIONS:
+                    problem = compare_decomposition(h.group_name, h.params, args,
+                                                    expected, got)
+                else:
+                    problem = compare(expected, got, dtype_name(h))
             except Exception as exc:
                 self.result(name, "error", "execute: " + _short(exc))
                 continue

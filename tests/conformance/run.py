@@ -143,12 +143,17 @@ def _collect(job: _Job, results: dict, queue: deque, timed_out: bool):
 
 # Why a group does not (fully) pass, for docs/coverage.md: known gaps as data.
 GROUP_NOTES = {
-    "svd": "no rule: singular vectors are unique only up to sign; matching LAPACK's "
-           "gesdd needs its exact iteration (a Jacobi SVD would differ in signs).",
-    "eig": "no rule: non-symmetric eigenproblems (LAPACK geev); eigenvectors are "
-           "unique only up to a complex scale.",
-    "eigh": "no rule: eigenvectors are unique only up to sign; matching LAPACK's syevd "
-            "needs its exact iteration (a Jacobi solver would differ in signs).",
+    "svd": "one-sided Jacobi (juju_ops_lax/jacobi.py). Singular vectors are unique "
+           "only up to sign (phase), so this group is compared by the singular values "
+           "(normwise, the dtype's rtol times the largest) and by the vectors' "
+           "reconstruction and orthonormality (tests/conformance/harnesses.py: "
+           "compare_decomposition), not entry by entry with LAPACK's.",
+    "eig": "no rule: non-symmetric eigenproblems (LAPACK geev: Hessenberg reduction "
+           "and shifted QR with complex eigenvalues) are not built yet.",
+    "eigh": "two-sided Jacobi (juju_ops_lax/jacobi.py). Eigenvectors are unique only "
+            "up to sign (phase), so this group is compared by the eigenvalues "
+            "(normwise) and by A v = w v and V^H V = I (compare_decomposition), not "
+            "entry by entry with LAPACK's.",
     "qr": "Householder QR with LAPACK's conventions: geqrf/orgqr, and for complex "
           "matrices zgeqrf/zungqr's (real beta, complex tau). On the 2x200x100 "
           "harnesses 25 of 20000 float32 (2 complex64) entries of R differ from "

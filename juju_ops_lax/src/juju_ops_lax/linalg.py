@@ -9,8 +9,8 @@ all like LAPACK's unblocked algorithms, with LAPACK's conventions (geqrf's
 Householder signs), so results match XLA's LAPACK calls to rounding. lu,
 qr, tridiagonal_solve and custom_linear_solve lower JAX's own generic
 implementations (`jax_impls`), as XLA does on platforms without LAPACK.
-svd, eig and eigh have no rule: their results are unique only up to signs or
-phases, and matching LAPACK's needs its exact iteration (see docs/coverage.md).
+eigh and svd are Jacobi methods in juju_ops_lax/jacobi.py; eig (non-symmetric)
+has no rule.
 """
 
 from __future__ import annotations
