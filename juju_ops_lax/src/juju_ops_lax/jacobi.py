@@ -40,10 +40,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from juju import RuleSet, lower_fun
-from juju._compat import primitives as P
+from juju import ALL_DTYPES, RuleSet, lower_fun
+from juju import primitives as P
 
-rules = RuleSet()
+# Decompositions traced in JAX on the equation's own avals (complex too).
+rules = RuleSet(dtypes=ALL_DTYPES)
 
 MAX_SWEEPS = 30  # quadratic convergence: 5-10 sweeps for n in the hundreds
 
