@@ -14,6 +14,14 @@ from juju._compat import is_complex_dtype, key_data_aval
 from juju.dtypes import physical_aval
 
 
+def _name_of(fun) -> str:
+    """A stable name: a partial's repr holds a memory address, which would
+    make the registry's fingerprint differ from run to run."""
+    while isinstance(fun, functools.partial):
+        fun = fun.func
+    return getattr(fun, "__qualname__", repr(fun))
+
+
 def lower_fun(fun, multiple_results: bool = False, *, extra_params=None):
     """Turn a JAX function into a rule: decomposition for free.
 
@@ -50,7 +58,7 @@ def lower_fun(fun, multiple_results: bool = False, *, extra_params=None):
         outs = ctx.lower(closed, *operands)
         return outs if multiple_results else outs[0]
 
-    lower_via_jax.__qualname__ = f"lower_fun({getattr(fun, '__qualname__', fun)})"
+    lower_via_jax.__qualname__ = f"lower_fun({_name_of(fun)})"
     lower_via_jax.decomposition = decomposition
     return lower_via_jax
 
