@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.programs.registry import MATMUL_EPILOGUE, program
+from tests.programs.registry import program
 
 
-@program("diffrax_ode_adaptive", "diffrax", rtol=1e-4, atol=1e-5,
-         xfail=MATMUL_EPILOGUE)
+@program("diffrax_ode_adaptive", "diffrax", rtol=1e-4, atol=1e-5)
 def diffrax_ode_adaptive():
     import diffrax
     import jax.numpy as jnp
@@ -30,8 +29,7 @@ def diffrax_ode_adaptive():
                    np.array([0.1, 0.02, 0.4, 0.02], np.float32))
 
 
-@program("diffrax_ode_gradient", "diffrax", rtol=1e-4, atol=1e-5,
-         xfail=MATMUL_EPILOGUE)
+@program("diffrax_ode_gradient", "diffrax", rtol=1e-4, atol=1e-5)
 def diffrax_ode_gradient():
     import diffrax
     import jax

@@ -23,10 +23,6 @@ PROGRAMS: dict[str, Program] = {}
 SIZE1_AXIS = ("reduce_sum over axis 0 of an (N, 1) array fails to lower: juju_ops_lax/_util.py "
               "_fast_reduce sums axis 1 of a rank-2 operand, then MAX's ReshapeOp fails; "
               "the bias gradient of a one-unit layer")
-MATMUL_EPILOGUE = ("MAX 26.7 fails to compile a segment of the solver (lowered: equinox's "
-                   "primitives through the fallback, error_if's pure_callback on the host): "
-                   "a matmul fused with a rank-changing reshape and sqrt/mul epilogue "
-                   "('.rank of the first value is 1 but the second value is 2')")
 
 
 @dataclass(frozen=True)
