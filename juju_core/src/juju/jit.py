@@ -630,7 +630,7 @@ def _load_executables(lowered: Sequence[Lowered]) -> list[Compiled]:
                     model, low.in_dtypes, low.out_tree, fn.coerces_to_jnp, engine.device,
                     low.out_key_impls, low.out_complex, _input_nbytes(low.closed_jaxpr),
                 )
-                low.__dict__.pop("graph", None)  # compiled: free the MLIR (built again on demand)
+                low.__dict__.pop("_graph", None)  # compiled: free the MLIR (built again on demand)
         return [Compiled(low, low.jit_function._cache[low.key]) for low in lowered]
 
 
