@@ -45,8 +45,7 @@ def scipy_linalg_decompositions():
     return decompositions, (_spd(5, 1)[0],)
 
 
-@program("scipy_linalg_eigh_svd", "jax.scipy", rtol=1e-4, atol=1e-4,
-         xfail="no rule for eigh nor svd")
+@program("scipy_linalg_eigh_svd", "jax.scipy", rtol=1e-4, atol=1e-4)
 def scipy_linalg_eigh_svd():
     import jax.numpy as jnp
 
