@@ -16,7 +16,7 @@ from jax import lax
 from max.dtype import DType
 from max.graph import ops
 
-from juju import RuleSet, lower_fun
+from juju import ALL_DTYPES, RuleSet, lower_fun
 from juju import primitives as P
 from juju._compat import jax_impls
 from juju.primitives import log2_p, one_minus_square_p, polynomial_p
@@ -409,10 +409,11 @@ def _one_minus_square(x):
     return (1 + x) * (1 - x)  # JAX's decomposition: exact near |x| = 1
 
 
+# Decompositions in JAX, traced on the equation's own avals: complex too.
 if log2_p is not None:
-    rules.register(log2_p)(lower_fun(_log2))
+    rules.register(log2_p, dtypes=ALL_DTYPES)(lower_fun(_log2))
 if one_minus_square_p is not None:
-    rules.register(one_minus_square_p)(lower_fun(_one_minus_square))
+    rules.register(one_minus_square_p, dtypes=ALL_DTYPES)(lower_fun(_one_minus_square))
 if polynomial_p is not None:
     # Horner's rule, unrolled up to `unroll` terms, then a scan: JAX's own.
-    rules.register(polynomial_p)(lower_fun(jax_impls.polynomial))
+    rules.register(polynomial_p, dtypes=ALL_DTYPES)(lower_fun(jax_impls.polynomial))
