@@ -159,7 +159,7 @@ class Rule:
         return True
 
     def describe(self) -> str:
-        """One line for messages: name, pack, version, priority, guard."""
+        """One line for messages: name, pack, version, priority, dtypes, guard."""
         guard = f" if {getattr(self.guard, '__qualname__', 'guard')}" if self.guard else ""
         dtypes = "" if self.dtypes is None else f", dtypes {_dtypes_name(self.dtypes)}"
         return (
