@@ -8,7 +8,7 @@
                                  # (--no-install: build and check only)
     python3 dev.py conformance   # JAX's primitive harnesses -> docs/coverage.md
     python3 dev.py programs      # the real-programs tier (flax, optax, ...) vs jax.jit
-    python3 dev.py bench         # benchmarks, juju vs jax.jit
+    python3 dev.py bench         # benchmarks, juju vs jax.jit (--cold-start: empty caches)
     python3 dev.py fuzz --count 2000   # random programs vs jax.jit (tests/fuzz)
     python3 dev.py docs          # the docs site into site/ (mkdocs build --strict)
     python3 dev.py python ...    # run the venv's python

@@ -2,7 +2,9 @@
 
 Prints a table of medians and ratios (juju time / jax time: below 1 means juju
 is faster), writes benchmarks/results.json and benchmarks/results.png.
-Options: --quick (fewer repeats), --only NAME[,NAME], --no-startup.
+Options: --quick (fewer repeats), --only NAME[,NAME], --no-startup;
+--cold-start runs benchmarks/cold_start.py instead (first calls with empty
+caches: minutes).
 """
 
 from __future__ import annotations
@@ -329,7 +331,12 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="")
     parser.add_argument("--no-startup", action="store_true")
     parser.add_argument("--no-symbolic", action="store_true")
+    parser.add_argument("--cold-start", action="store_true")
     args = parser.parse_args(argv)
+    if args.cold_start:
+        from benchmarks import cold_start
+
+        return cold_start.main(["--only", args.only] if args.only else [])
     repeats = 3 if args.quick else 7
     only = {s.strip() for s in args.only.split(",") if s.strip()} or None
 
