@@ -123,9 +123,13 @@ def _fast_reduce(op, x, pre, size, post, shape):
     if post == 1:  # x is [pre, size] already only when the reduced axis is its last one
         return op(x if list(shape) == [pre, size] else ops.reshape(x, [pre, size]), axis=1)
     if op is ops.sum and x.dtype == DType.float32 and x.device.is_cpu():
-        # Not on GPU: its fp32 matmul rounds operands to TF32.
-        ones = ops.broadcast_to(ops.constant(1.0, DType.float32, device=x.device), [1, 1, size])
-        return ops.matmul(ones, ops.reshape(x, [pre, size, post]))
+        # Not on GPU: its fp32 matmul rounds operands to TF32. With pre == 1
+        # (a bias gradient) a rank-2 matmul: a graph whose matmuls are all
+        # rank 2 does not compile MAX's batched matmul too (~30 s cold).
+        one = ops.constant(1.0, DType.float32, device=x.device)
+        if pre == 1:
+            return ops.matmul(ops.broadcast_to(one, [1, size]), ops.reshape(x, [size, post]))
+        return ops.matmul(ops.broadcast_to(one, [1, 1, size]), ops.reshape(x, [pre, size, post]))
     return None
 
 
