@@ -208,15 +208,18 @@ def test_matches_jax(compiled, name):
     assert_same(results[name](*args, **kw), jax.jit(fn)(*args, **kw), rtol=2e-5, atol=2e-5)
 
 
-def test_loops_are_not_unrolled():
-    """A 1000-step scan and a while loop keep one copy of their body."""
+def test_loops_do_not_grow_with_the_trip_count():
+    """A long scan of a small body keeps AUTO_UNROLL copies of it whatever its
+    length (plus the remainder steps when AUTO_UNROLL does not divide it)."""
+    from juju_ops_lax.control_flow import AUTO_UNROLL
 
-    def long_scan(x):
-        return lax.scan(lambda c, _: (jnp.sin(c) + 1.0, None), x, None, length=1000)[0]
+    def long_scan(x, length):
+        return lax.scan(lambda c, _: (jnp.sin(c) + 1.0, None), x, None, length=length)[0]
 
-    text = juju.jit(long_scan).lower(np.float32(0)).as_text()
-    assert "mo.while" in text
-    assert text.count("mo.sin") == 1
+    for length, copies in ((1000, AUTO_UNROLL), (4000, AUTO_UNROLL), (1001, AUTO_UNROLL + 1)):
+        text = juju.jit(long_scan, static_argnums=1).lower(np.float32(0), length).as_text()
+        assert "mo.while" in text
+        assert text.count("mo.sin") == copies, length
 
 
 def test_short_scans_with_outputs_become_straight_line_code():
