@@ -43,6 +43,17 @@ def select_then_reduce(x, g):
     return jnp.where(x > 0, g, 0.0).sum(0), x[:, :1].sum(1), x[:1].max(0), x[:, :1].prod(1)
 
 
+def matmul_reshaped_with_a_transposed_operand(a, b, x, a3, b3, y):
+    # MAX fuses the consumer into the matmul's epilogue through the reshape
+    # and reads the transposed operand at wrong positions (garbage; the
+    # gradient of an NCHW CNN): juju_ops_lax._util.reshape_result.
+    xt = x.transpose(0, 3, 1, 2)
+    return ((a @ b).reshape(4, 3, 5, 5) * xt,
+            jnp.where(xt > 0, (a @ b).reshape(4, 3, 5, 5), 0.0),
+            jnp.einsum("bij,bjk->bik", a3, b3).reshape(4, 6, 4, 5) * y.transpose(0, 3, 2, 1))
+
+
+_rng = np.random.default_rng(5)
 CASES = {
     "broadcast_then_reduce": (broadcast_then_reduce, (np.eye(3, dtype=np.float32),
                                                       np.array([1.0, 2.0, 3.0], np.float32),
@@ -57,6 +68,10 @@ CASES = {
     "select_then_reduce": (select_then_reduce, (
         np.random.default_rng(3).standard_normal((6, 5)).astype(np.float32),
         np.random.default_rng(4).standard_normal((6, 5)).astype(np.float32))),
+    "matmul_reshaped_with_a_transposed_operand": (
+        matmul_reshaped_with_a_transposed_operand,
+        tuple(_rng.standard_normal(s).astype(np.float32)
+              for s in ((4, 10), (10, 75), (4, 5, 5, 3), (4, 6, 10), (4, 10, 20), (4, 5, 4, 6)))),
 }
 JITTED = {name: juju.jit(fn) for name, (fn, _) in CASES.items()}
 
@@ -82,3 +97,11 @@ def test_select_result_reduces_in_a_fast_form():
     assert "matmul" in text and "mo.reduce" not in text
     text = juju.jit(lambda x: (x[:, :1].sum(1), x[:1].max(0))).lower(x).as_text()
     assert "mo.reduce" not in text
+
+
+def test_only_regrouping_reshapes_of_a_product_get_the_barrier():
+    """reshape_result's cumsum copy goes only where a matmul's result is
+    split or merged, not on plain 2-D products or unit axes."""
+    a, b = np.ones((4, 10), np.float32), np.ones((10, 75), np.float32)
+    text = juju.jit(lambda a, b: ((a @ b).reshape(4, 3, 25), a @ b, (a @ b)[None])).lower(a, b).as_text()
+    assert text.count("mo.cumsum") == 1

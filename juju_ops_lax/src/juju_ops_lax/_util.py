@@ -106,6 +106,49 @@ def sum_to_shape(x, shape):
     return ops.reshape(ops.cumsum(ops.reshape(x, [1]), axis=0), [])
 
 
+def reshape_result(x, shape):
+    """`ops.reshape(x, shape)`, through a barrier when `x` is a matmul's result
+    and the shape changes.
+
+    MAX 26.7 fuses an elementwise consumer into a matmul's epilogue through
+    a shape-changing reshape and, when that consumer also reads a transposed
+    tensor, reads it at the wrong positions: `reshape(a @ b, [4, 3, 5, 5]) *
+    transpose(x)` gave garbage (1e28) in a hand-built graph of five ops, and
+    the gradients of an NCHW CNN (eqx_conv) were wrong
+    (tests/test_max_workarounds.py). A cumsum over a unit axis, a copy that
+    MAX does not fuse through (as in `sum_to_shape`), keeps the values right.
+    """
+    target = max_shape(shape)
+    if _made_by_matmul(x) and _regroups(x.shape, target):
+        unit = ops.reshape(x, [*x.shape, 1])
+        x = ops.reshape(ops.cumsum(unit, axis=-1), x.shape)
+    return ops.reshape(x, target)
+
+
+def _regroups(old, new) -> bool:
+    """Whether a reshape from `old` to `new` (MAX dims, maybe symbolic)
+    splits or merges dimensions, not only adds or drops unit ones."""
+    def kept(dims):
+        return [str(d) for d in dims if str(d) != "1"]
+
+    return kept(old) != kept(new)
+
+
+def _made_by_matmul(x) -> bool:
+    """Whether `x` is a matmul's result, possibly reshaped."""
+    value = x._mlir_value
+    for _ in range(8):
+        owner = getattr(value, "owner", None)
+        kind = type(owner).__name__
+        if kind == "MatmulOp":
+            return True
+        if kind != "ReshapeOp":
+            return False
+        value = owner.operands[0]
+        value = getattr(value, "value", value)
+    return False
+
+
 def _fast_reduce(op, x, pre, size, post, shape):
     """A faster form of the reduction of (pre, size, post)'s middle axis for an
     operand that is not a broadcast, or None when there is none."""

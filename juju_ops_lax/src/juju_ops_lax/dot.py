@@ -12,6 +12,7 @@ from max.graph import ops
 from juju import RuleSet
 from juju import primitives as P
 from juju.dtypes import max_shape
+from juju_ops_lax._util import reshape_result
 
 rules = RuleSet()
 
@@ -65,7 +66,7 @@ def lower_dot_general(ctx, lhs, rhs, *, dimension_numbers, precision,
     elif product.dtype != ctx.max_dtype(out_dtype):
         product = ops.cast(product, ctx.max_dtype(out_dtype))
     batch_dims = [lhs_aval.shape[d] for d in lb]
-    return ops.reshape(product, max_shape(batch_dims + lhs_free + rhs_free))
+    return reshape_result(product, batch_dims + lhs_free + rhs_free)
 
 
 _FP32_PRESETS = ("F32_F32_F32", "TF32_TF32_F32_X3", "BF16_BF16_F32_X6", "BF16_BF16_F32_X9")

@@ -11,7 +11,7 @@ from juju import RuleSet
 from juju import primitives as P
 from juju.primitives import dim_as_value_p, split_p, stack_p, tile_p, unstack_p
 from juju.dtypes import max_dim, max_shape
-from juju_ops_lax._util import reject
+from juju_ops_lax._util import reject, reshape_result
 
 rules = RuleSet()
 
@@ -26,7 +26,7 @@ def lower_broadcast_in_dim(ctx, x, *dyn_shape, shape, broadcast_dimensions, shar
     for src, dst in enumerate(broadcast_dimensions):
         expanded[dst] = operand_shape[src]
     if tuple(expanded) != tuple(operand_shape):
-        x = ops.reshape(x, max_shape(expanded))
+        x = reshape_result(x, expanded)
     if tuple(expanded) == tuple(shape):
         return x
     return ops.broadcast_to(x, max_shape(shape))
@@ -36,12 +36,12 @@ def lower_broadcast_in_dim(ctx, x, *dyn_shape, shape, broadcast_dimensions, shar
 def lower_reshape(ctx, x, *dyn_shape, new_sizes, dimensions, sharding):
     if dimensions is not None:
         x = ops.permute(x, list(dimensions))
-    return ops.reshape(x, max_shape(new_sizes))
+    return reshape_result(x, new_sizes)
 
 
 @rules.register(P.squeeze_p)
 def lower_squeeze(ctx, x, *, dimensions):
-    return ops.reshape(x, max_shape(ctx.aval_out.shape))
+    return reshape_result(x, ctx.aval_out.shape)
 
 
 @rules.register(P.transpose_p)
