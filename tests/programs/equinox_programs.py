@@ -140,8 +140,7 @@ def eqx_gru_scan():
     return loss_and_grad, (params, x, y)
 
 
-@program("eqx_error_if", "equinox", rtol=1e-6, atol=1e-6,
-         xfail="no rule for unvmap_any (equinox) nor pure_callback")
+@program("eqx_error_if", "equinox", rtol=1e-6, atol=1e-6)
 def eqx_error_if():
     import equinox as eqx
     import jax.numpy as jnp

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.programs.registry import SIZE1_AXIS, program
+from tests.programs.registry import program
 
 
 def _images(seed, n=4, size=8, channels=1):
@@ -200,8 +200,7 @@ def nnx_cnn_train_step():
     return step, (state, *_images(4))
 
 
-@program("nnx_transformer_encoder", "flax.nnx", rtol=1e-4, atol=1e-5,
-         xfail=SIZE1_AXIS)
+@program("nnx_transformer_encoder", "flax.nnx", rtol=1e-4, atol=1e-5)
 def nnx_transformer_encoder():
     import jax.numpy as jnp
     import optax
@@ -236,7 +235,10 @@ def nnx_transformer_encoder():
 
     model = Encoder(rngs=nnx.Rngs(params=0, dropout=1))
     model.train()  # dropout on: it draws from the model's dropout Rngs state
-    optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+    # Not adam: the attention key bias's gradient is zero up to rounding
+    # (softmax ignores a per-query constant), and adam's first step turns
+    # that noise into +-lr, so any rounding difference flips its sign.
+    optimizer = nnx.Optimizer(model, optax.sgd(0.1, momentum=0.9), wrt=nnx.Param)
 
     def loss_fn(model, tokens, targets):
         return jnp.mean((model(tokens) - targets) ** 2)
@@ -246,8 +248,7 @@ def nnx_transformer_encoder():
     return step, (state, _tokens(5), targets)
 
 
-@program("nnx_batchnorm_state", "flax.nnx", rtol=1e-4, atol=1e-5,
-         xfail=SIZE1_AXIS)
+@program("nnx_batchnorm_state", "flax.nnx", rtol=1e-4, atol=1e-5)
 def nnx_batchnorm_state():
     import optax
     from flax import nnx

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.programs.registry import SIZE1_AXIS, program
+from tests.programs.registry import program
 
 
 @program("graph_network_segment_sum", "jax", rtol=1e-4, atol=1e-5, ci=True)
@@ -33,8 +33,7 @@ def graph_network_segment_sum():
     return jax.value_and_grad(message_passing), (params, x)
 
 
-@program("fori_loop_training_100_steps", "jax", rtol=1e-4, atol=1e-5,
-         xfail=SIZE1_AXIS)
+@program("fori_loop_training_100_steps", "jax", rtol=1e-4, atol=1e-5)
 def fori_loop_training_100_steps():
     import jax
     import jax.numpy as jnp

@@ -19,11 +19,6 @@ from dataclasses import dataclass
 
 PROGRAMS: dict[str, Program] = {}
 
-# Known gaps shared by several programs (each a root cause; see docs/programs.md).
-SIZE1_AXIS = ("reduce_sum over axis 0 of an (N, 1) array fails to lower: juju_ops_lax/_util.py "
-              "_fast_reduce sums axis 1 of a rank-2 operand, then MAX's ReshapeOp fails; "
-              "the bias gradient of a one-unit layer")
-
 
 @dataclass(frozen=True)
 class Program:
