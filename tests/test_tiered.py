@@ -272,3 +272,15 @@ def test_progress_lines_show_once_whoever_configures_logging():
     lines = [line for line in err.splitlines() if "one" in line or "two" in line
              or "three" in line or "hidden" in line]
     assert lines == ["one 1", "app two 2"], err[-2000:]
+
+
+def test_messages_name_a_partial_by_its_function():
+    """A functools.partial (of a Jaxpr, say) is named by its function and
+    line in juju's log lines, not by its repr."""
+    import functools
+
+    from juju.logs import describe
+
+    closed = jax.make_jaxpr(lambda x: x * 2)(1.0)
+    text = describe(functools.partial(jax.extend.core.jaxpr_as_fun, closed))
+    assert text.startswith("jaxpr_as_fun (") and "lambda" not in text

@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import reprlib
 import sys
 
 log = logging.getLogger("juju")
@@ -53,8 +54,9 @@ def progress(msg: str, *args) -> None:
 
 def describe(fun) -> str:
     """`name (file.py:line)` of the user's function, for messages."""
-    name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None) or repr(fun)
     target = inspect.unwrap(getattr(fun, "func", fun))  # functools.partial too
+    name = (getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None)
+            or getattr(target, "__qualname__", None) or reprlib.repr(fun))
     code = getattr(target, "__code__", None)
     if code is None:
         return name
