@@ -82,6 +82,16 @@ def powers(b, e):
     return (b[:, None] ** e[None, :], b ** 2, b ** -1, jnp.power(b, 0.5))
 
 
+def remainders(x, y):
+    """A zero remainder has the dividend's sign (fmod(-1, 1) is -0.0); MAX's
+    mod by a constant 1.0 was 0 for every x, by 0.1 mostly 0, and lost the
+    remainder of large quotients."""
+    # (not fmod(x, x): MAX folds an op of a value with itself, see y - y below)
+    return (jnp.fmod(x * 2, x), jnp.fmod(x, 1.0), jnp.fmod(x, -1.0), lax.rem(x, y),
+            jnp.fmod(-x, 1.0), jnp.fmod(x, jnp.flip(x)), jnp.remainder(x, 0.1),
+            jnp.fmod(x * 1000, 3.0), jnp.remainder(x, 2.0))
+
+
 def stops_at_nan(x, y):
     """A training-like loop that stops when its state becomes NaN."""
     def cond(state):
@@ -96,18 +106,28 @@ def stops_at_nan(x, y):
     return lax.while_loop(cond, body, (0, v0))
 
 
+def constant_numerators(x, y):
+    """MAX folds 0 / y to +0 when the 0 is a constant (an empty sum is one)."""
+    empty = x[:0]
+    return (jnp.mean(empty), jnp.zeros_like(y) / y, 0.0 / y, -0.0 / y, jnp.sum(empty) / y,
+            1.0 / y)
+
+
 CASES = {
     "issue_example": issue_example, "comparisons": comparisons, "selects": selects,
     "math": math_fns, "nan_made_inside": nan_made_inside, "casts": casts,
-    "reductions": reductions, "sorting": sorting, "powers": powers,
+    "reductions": reductions, "sorting": sorting, "powers": powers, "remainders": remainders,
+    "constant_numerators": constant_numerators,
 }
+SIGNED_ZEROS = {"remainders", "constant_numerators"}  # cases whose zeros' signs are checked too
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
           "float64": np.float64}
 
 
 def _args(name, dtype):
-    if name == "powers":
-        return np.array(BASES, dtype), np.array(EXPONENTS, dtype)
+    if name == "powers":  # with the largest finite values: MAX's pow(3e38, 3e38) was 1
+        big = float(ml_dtypes.finfo(dtype).max)
+        return np.array(BASES + [big, -big], dtype), np.array(EXPONENTS + [big, -big], dtype)
     return np.array(X, dtype), np.array(Y, dtype)
 
 
@@ -148,6 +168,9 @@ def _assert_same_nans(actual, expected):
 
 
 F64_TOLERANCE = dict(rtol=1e-11, atol=1e-12)
+# MAX's float64 pow near the ends of the exponent range: sqrt(1.8e308) is off
+# by 1.4e-10 relative (exp of a large argument; docs/testing.md)
+F64_POW_TOLERANCE = dict(rtol=1e-9, atol=1e-12)
 FOLDED = ("MAX folds x * 0.0 and y - y to 0 (it assumes no NaN or inf), so a NaN made "
           "from infinities inside the graph is lost; see docs/testing.md")
 
@@ -169,7 +192,17 @@ def test_matches_jax(case, dtype_name):
     _assert_same_nans(actual, expected)
     # MAX's float64 exp is accurate to ~1e-12 relative (XLA's to an ulp):
     # looser than tests/util's float64 default, which checks values only
-    assert_same(actual, expected, **(F64_TOLERANCE if dtype_name == "float64" else {}))
+    tolerance = F64_TOLERANCE if dtype_name == "float64" else {}
+    if case == "powers" and dtype_name == "float64":
+        tolerance = F64_POW_TOLERANCE
+    assert_same(actual, expected, **tolerance)
+    if case in SIGNED_ZEROS:
+        for a, e in zip(jax.tree_util.tree_leaves(actual), jax.tree_util.tree_leaves(expected)):
+            a64 = np.asarray(juju.to_numpy(a)).astype(np.float64)
+            e64 = np.asarray(e).astype(np.float64)
+            zeros = e64 == 0
+            np.testing.assert_array_equal(np.signbit(a64[zeros]), np.signbit(e64[zeros]),
+                                          "signs of zeros")
 
 
 def test_the_loop_saw_the_nan():

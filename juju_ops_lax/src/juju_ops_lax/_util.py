@@ -134,19 +134,28 @@ def _regroups(old, new) -> bool:
     return kept(old) != kept(new)
 
 
-def _made_by_matmul(x) -> bool:
-    """Whether `x` is a matmul's result, possibly reshaped."""
+def _producer(x, through=("ReshapeOp",)) -> str:
+    """The class name of the op that makes `x`, looking up through `through`
+    ops ("" when the chain is long)."""
     value = x._mlir_value
     for _ in range(8):
-        owner = getattr(value, "owner", None)
-        kind = type(owner).__name__
-        if kind == "MatmulOp":
-            return True
-        if kind != "ReshapeOp":
-            return False
-        value = owner.operands[0]
+        kind = type(getattr(value, "owner", None)).__name__
+        if kind not in through:
+            return kind
+        value = value.owner.operands[0]
         value = getattr(value, "value", value)
-    return False
+    return ""
+
+
+def _made_by_matmul(x) -> bool:
+    """Whether `x` is a matmul's result, possibly reshaped."""
+    return _producer(x) == "MatmulOp"
+
+
+def is_constant(x) -> bool:
+    """Whether `x` is a constant, possibly reshaped or broadcast: MAX's
+    compiler folds arithmetic on it as if no operand were NaN or inf."""
+    return _producer(x, ("ReshapeOp", "BroadcastToOp")) == "ConstantOp"
 
 
 def _fast_reduce(op, x, pre, size, post, shape):

@@ -12,7 +12,7 @@ from max.graph import ops
 from juju import RuleSet
 from juju import primitives as P
 from juju.dtypes import max_shape
-from juju_ops_lax._util import reshape_result
+from juju_ops_lax._util import reshape_result, scalar
 
 rules = RuleSet()
 
@@ -38,6 +38,10 @@ def lower_dot_general(ctx, lhs, rhs, *, dimension_numbers, precision,
     (lc, rc), (lb, rb) = dimension_numbers
     lhs_aval, rhs_aval = ctx.avals_in
     out_dtype = ctx.aval_out.dtype
+    if any(lhs_aval.shape[d] == 0 for d in lc):
+        # A sum of no products is 0; MAX's matmul over an empty contraction
+        # leaves its result uninitialised.
+        return ops.broadcast_to(scalar(ctx, 0, out_dtype), max_shape(ctx.aval_out.shape))
     compute = ctx.max_dtype(out_dtype)
     on_gpu = not ctx.device.is_cpu()
     if compute == DType.bool:

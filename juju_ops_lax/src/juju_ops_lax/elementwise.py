@@ -22,7 +22,7 @@ from juju._compat import jax_impls
 from juju.primitives import log2_p, one_minus_square_p, polynomial_p
 from juju_ops_lax import nan
 from juju_ops_lax._util import (
-    broadcast_to, is_bool, is_float, is_signed_int, is_unsigned_int, scalar,
+    broadcast_to, is_bool, is_constant, is_float, is_signed_int, is_unsigned_int, scalar,
 )
 
 rules = RuleSet()
@@ -146,7 +146,17 @@ def _trunc_div(ctx, x, y):
 def lower_div(ctx, x, y):
     dtype = ctx.avals_in[0].dtype
     if is_float(dtype):
-        return ops.div(x, y)
+        q = ops.div(x, y)
+        if is_constant(x):
+            # MAX folds 0 / y to +0, also where y is 0 or NaN (jnp.mean of an
+            # empty array, whose sum is the constant 0, was 0): IEEE's answer.
+            zero = scalar(ctx, 0, dtype)
+            signed = ops.where(ops.not_equal(_sign_bit(x), _sign_bit(y)),
+                               scalar(ctx, -0.0, dtype), zero)
+            undefined = ops.logical_or(ops.is_nan(y), ops.equal(y, zero))
+            q = ops.where(ops.equal(x, zero),
+                          ops.where(undefined, scalar(ctx, np.nan, dtype), signed), q)
+        return q
     safe = _safe_int_divisor(ctx, y)
     q = _trunc_div(ctx, x, safe)
     if is_signed_int(dtype):  # x / -1 == -x, wrapping INT_MIN like XLA
@@ -159,21 +169,50 @@ def lower_div(ctx, x, y):
 def lower_rem(ctx, x, y):
     dtype = ctx.avals_in[0].dtype
     if is_float(dtype):
-        # MAX's mod has the divisor's sign (Python); lax.rem has the dividend's.
-        r = ops.mod(x, y)
-        zero = scalar(ctx, 0, dtype)
-        wrong_sign = ops.logical_and(
-            ops.not_equal(r, zero), ops.not_equal(ops.greater(zero, r), ops.greater(zero, x))
-        )
-        r = ops.where(wrong_sign, ops.sub(r, y), r)
-        # fmod(x, +-inf) == x for finite x (MAX's mod gives NaN)
-        return ops.where(ops.logical_and(ops.is_inf(y), ops.logical_not(
-            ops.logical_or(ops.is_inf(x), ops.is_nan(x)))), x, r)
+        return ops.cast(_float_rem(ops.cast(x, DType.float64), ops.cast(y, DType.float64)),
+                        x.dtype)
     safe = _safe_int_divisor(ctx, y)
     r = ops.sub(x, ops.mul(_trunc_div(ctx, x, safe), safe))
     if is_signed_int(dtype):
         r = ops.where(ops.equal(y, scalar(ctx, -1, dtype)), scalar(ctx, 0, dtype), r)
     return ops.where(ops.equal(y, scalar(ctx, 0, dtype)), x, r)
+
+
+def _float_rem(x, y):
+    """C's fmod, in float64. Not MAX's mod: it has the divisor's sign, loses
+    the remainder of large quotients (fmod(1e10, 3) was 0) and is folded
+    wrongly for constant divisors (fmod(x, 1.0) was 0 for every x, and
+    fmod(x, 0.1) mostly 0). |x| - trunc(|x| / |y|) * |y| is exact in float64
+    for float32 operands (quotients below 2**29), then one correction step
+    for a quotient rounded across an integer (MAX may divide by multiplying
+    with the reciprocal)."""
+    def const(v):
+        return ops.constant(v, x.dtype, device=x.device)
+
+    zero = const(0.0)
+    ax, ay = ops.abs(x), ops.abs(y)
+    ar = ops.sub(ax, ops.mul(ops.trunc(ops.div(ax, ay)), ay))
+    ar = ops.where(ops.greater_equal(ar, ay), ops.sub(ar, ay), ar)
+    ar = ops.where(ops.greater(zero, ar), ops.add(ar, ay), ar)
+    # The dividend's sign, zeros included (fmod(-2, 2) == -0.0)
+    negative = _sign_bit(x)
+    r = ops.where(negative, ops.negate(ar), ar)
+    r = ops.where(ops.equal(ar, zero), ops.where(negative, const(-0.0), zero), r)
+    # fmod(x, +-inf) == x for finite x
+    r = ops.where(ops.logical_and(ops.is_inf(y), ops.logical_not(
+        ops.logical_or(ops.is_inf(x), ops.is_nan(x)))), x, r)
+    # NaN for a NaN operand, an infinite x or a zero y
+    undefined = ops.logical_or(nan.unordered(x, y), ops.logical_or(
+        ops.is_inf(x), ops.equal(y, zero)))
+    return ops.where(undefined, const(float("nan")), r)
+
+
+def _sign_bit(x):
+    """Where float x is negative, -0.0 included (1 / -0.0 == -inf); NaN: false."""
+    zero = ops.constant(0.0, x.dtype, device=x.device)
+    one = ops.constant(1.0, x.dtype, device=x.device)
+    return ops.logical_or(ops.greater(zero, x), ops.logical_and(
+        ops.equal(x, zero), ops.greater(zero, ops.div(one, x))))
 
 
 # --- max / min with NaN propagation ------------------------------------------
@@ -229,15 +268,25 @@ def lower_pow(ctx, x, y):
         y = ops.cast(y, ctx.max_dtype(x_dtype))
     if not is_float(x_dtype):
         return ops.pow(x, y)
-    if x.dtype in (DType.float16, DType.bfloat16):  # as XLA: in float32, then rounded
-        return ops.cast(_float_pow(ops.cast(x, DType.float32), ops.cast(y, DType.float32)),
-                        x.dtype)
+    if x.dtype != DType.float64:
+        # MAX's pow raises to an integral y by repeated squaring, which loses
+        # about y ulps (float32 pow(1 + 2**-23, 2**24) was off by 5e-4):
+        # float64 keeps that below the narrower type's rounding.
+        f64 = DType.float64
+        return ops.cast(_float_pow(ops.cast(x, f64), ops.cast(y, f64)), x.dtype)
     return _float_pow(x, y)
 
 
+# From here on, |x| ** y as exp(y * log|x|): MAX's pow takes an integral y
+# as an int32 (pow(3e38, 3e38) and pow(1 + 1e-10, 3e9) were 1) and its
+# repeated squaring loses more than exp and log do.
+_BY_LOG = 1024.0
+
+
 def _float_pow(x, y):
-    """C's pow: MAX's is only right for a finite positive base and finite y.
-    |x| ** y from MAX where that holds, then the sign and every special case."""
+    """C's pow in float64: MAX's is only right for a finite positive base and
+    a finite y of moderate size. |x| ** y from MAX where that holds (by
+    exp and log for large |y|), then the sign and every special case."""
     def const(v):
         return ops.constant(v, x.dtype, device=x.device)
 
@@ -247,11 +296,16 @@ def _float_pow(x, y):
     integer_y = ops.logical_and(finite_y, ops.equal(ops.floor(y), y))
     half = ops.mul(y, const(0.5))
     odd_y = ops.logical_and(integer_y, ops.not_equal(ops.floor(half), half))
-    # x < 0, or x is -0.0 (1 / -0.0 == -inf)
-    negative = ops.logical_or(ops.greater(zero, x), ops.logical_and(
-        ops.equal(x, zero), ops.greater(zero, ops.div(one, x))))
+    negative = _sign_bit(x)
     safe_base = ops.where(ops.logical_or(ops.equal(ax, zero), ops.is_inf(ax)), one, ax)
-    mag = ops.pow(safe_base, ops.where(finite_y, y, one))
+    large_y = ops.logical_and(finite_y, ops.greater_equal(ops.abs(y), const(_BY_LOG)))
+    moderate_y = ops.logical_and(finite_y, ops.logical_not(large_y))
+    mag = ops.pow(safe_base, ops.where(moderate_y, y, one))
+    # The exponent is clamped so that exp never sees an infinity (MAX's
+    # kernels assume none); exp(+-2000) is already inf / 0 in float64.
+    exponent = ops.mul(ops.where(large_y, y, one), ops.log(safe_base))
+    exponent = ops.min(ops.max(exponent, const(-2000.0)), const(2000.0))
+    mag = ops.where(large_y, ops.exp(exponent), mag)
     y_pos = ops.greater(y, zero)
     inf = const(float("inf"))
     mag = ops.where(ops.is_inf(ax), ops.where(y_pos, inf, zero), mag)
