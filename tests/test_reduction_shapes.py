@@ -77,7 +77,16 @@ def empty_reductions(f, i):
     """Axes of size 0: the identities."""
     return (f.sum(0), f.max(0, initial=-3.0), jnp.any(f > 0, 0), jnp.all(f > 0, 0),
             lax.reduce_or_p.bind(i, axes=(0,)), lax.reduce_and_p.bind(i, axes=(0,)),
-            lax.reduce_xor_p.bind(i, axes=(0,)), f.prod(0))
+            lax.reduce_xor_p.bind(i, axes=(0,)), f.prod(0),
+            # dots over an empty contraction are 0 (MAX's matmul left garbage)
+            f.T @ f, jnp.einsum("kb,kc->bc", f, f), (f > 0).T @ (f > 0), i.T @ i)
+
+
+def empty_results(a, b, c):
+    """Reductions over non-empty axes whose results are empty: MAX failed to
+    compile them (juju now emits no op for an equation with empty results)."""
+    return (jnp.argmax(a, axis=-1), jnp.max(b, axis=1), jnp.sum(c, axis=0),
+            jnp.sort(b, axis=0), jnp.cumsum(c, axis=1), jnp.mean(c, axis=(0, 1)))
 
 
 def clip_by_global_norm(a, b):
@@ -107,6 +116,9 @@ SCALAR_ARGS = (np.array([-0.0, -0.0], np.float32), np.ones(2, np.float32),
                np.arange(5, dtype=np.float32) / 3, np.array([1.0, np.nan], np.float32))
 CASES = {"all_reductions": (all_reductions, (FLOATS, INTS)),
          "empty_reductions": (empty_reductions, EMPTY),
+         "empty_results": (empty_results, (np.zeros((0, 0, 4), np.float32),
+                                           np.zeros((0, 2, 5, 0), np.float16),
+                                           np.zeros((2, 5, 1, 0), np.float32))),
          "clip_by_global_norm": (clip_by_global_norm, CLIP),
          "scalar_results": (scalar_results, SCALAR_ARGS)}
 JITTED = {name: juju.jit(fn) for name, (fn, _) in CASES.items()}

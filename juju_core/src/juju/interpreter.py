@@ -64,6 +64,9 @@ def lower_jaxpr(
     recorder = active_recorder()  # None unless juju.explain is running
 
     for index, eqn in enumerate(jaxpr.eqns):
+        if _only_empty_results(eqn):
+            env.update((v, _empty(v.aval, device)) for v in eqn.outvars)
+            continue
         ctx = LoweringContext(
             eqn=eqn,
             avals_in=tuple(v.aval for v in eqn.invars),
@@ -90,6 +93,22 @@ def lower_jaxpr(
         _check_outputs(ctx, rule, outs)
         env.update(zip(eqn.outvars, outs))
     return [read(v) for v in jaxpr.outvars]
+
+
+def _only_empty_results(eqn) -> bool:
+    """Whether every result of a pure equation has no elements: nothing to
+    compute (and MAX fails to compile some ops with empty results, e.g. a
+    sum of a (2, 5, 1, 0) array over axis 0)."""
+    if not eqn.outvars or eqn.effects:
+        return False
+    shapes = [getattr(v.aval, "shape", None) for v in eqn.outvars]
+    return all(shape is not None and all(isinstance(d, int) for d in shape) and 0 in shape
+               for shape in shapes)
+
+
+def _empty(aval, device):
+    physical = dtypes.physical_aval(aval)
+    return constant(np.zeros(physical.shape, physical.dtype), device)
 
 
 def _is_max_value(value) -> bool:
