@@ -3,6 +3,7 @@ compared with jax.jit.
 
     python3 dev.py fuzz --count 2000            # the long run
     python -m tests.fuzz.run --count 200 --seed 7 --batch 100 --report fuzz.txt
+    python -m tests.fuzz.run --count 2000 --rerun fuzz.txt  # the listed ones, after a fix
 
 Programs are drawn with hypothesis (fixed seed, generation only), lowered one
 by one (a rule that raises is that program's failure), compiled together in
@@ -19,9 +20,28 @@ counted as known, with its reason, not as a failure. They are:
   to see a NaN's sign, so juju ranks every NaN as the largest.
 - `subtract(v, v)` with an infinite v: MAX folds y - y to 0 (it assumes no
   NaN or inf), XLA gives NaN (docs/testing.md).
+- `multiply`/`dot` of a NaN or inf by zeros that juju lowered to a constant
+  (the argmin of one element, a literal 0): MAX folds x * 0 to 0, XLA gives
+  NaN (the same assumption; docs/testing.md).
 - `cumsum`/`cumprod`/`sum`/`prod`/`mean`/`dot` of float16/bfloat16 values
   near the type's maximum: XLA accumulates in float32 in another order, so
   where a partial sum overflows differs (inf in one, finite in the other).
+- The same ops in any float type where partial results can overflow or
+  underflow: juju's scans and reductions combine in another order than
+  XLA's sequential one, so an inf (or a 0) that meets a 0 (or an inf) later
+  makes NaN in one order and 0 or inf in the other; `cumprod([-3e38, 3e38,
+  -0.0])` ends in NaN under XLA and in 0 under juju. Only when the operands
+  hold no NaN and their magnitudes can leave the type's finite range.
+- float16/bfloat16 results at the edge of the type's range: a step that
+  reads the previous step's rounded result (`exp(log(3.39e38))`) can land
+  on the other side of the largest finite value than XLA's (inf in one,
+  ~3e38 in the other): MAX may compute through the float32 round trip.
+- Denormal (subnormal) float32/float64/bfloat16 operands: MAX's CPU kernels
+  run with flush-to-zero and denormals-are-zero set (its `sync_parallelize`
+  wraps every task in `FlushDenormals`), so they read a denormal as a zero
+  of its sign (`any(9e-41)` is False) and round denormal results to zero.
+  Counted as known only where juju's result is jax.jit's on the operands
+  with their denormals flushed.
 """
 
 from __future__ import annotations
@@ -34,6 +54,7 @@ import traceback
 
 import jax
 import juju
+import ml_dtypes
 import numpy as np
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
@@ -49,16 +70,96 @@ def _uses(program: Program, op: str) -> bool:
     return any(step.op == op for step in program.steps)
 
 
-# (reason, predicate(program, step, expected, actual) -> bool) for the first
-# mismatching step.
+def _order_matters(step, operands, expected, actual) -> bool:
+    """Whether combining `operands` in another order can overflow or
+    underflow differently: finite nonzero magnitudes whose products or sums
+    leave the type's finite range, and no NaN that reaches a differing
+    element (a NaN propagates in every order): for a cumulative op, none in
+    that element's prefix; for a reduction, none at all."""
+    floats = [np.asarray(o, np.float64) for o in operands if kind(np.asarray(o).dtype) == "f"]
+    if not floats:
+        return False
+    e64, a64 = np.asarray(expected, np.float64), np.asarray(actual, np.float64)
+    if step.op.startswith("cum") and floats[0].ndim:
+        axis = dict(step.params).get("axis", 0)
+        nan_before = np.logical_or.accumulate(np.isnan(floats[0]), axis=axis)
+        differs = ~((e64 == a64) | (np.isnan(e64) & np.isnan(a64)))
+        if (differs & nan_before).any():
+            return False
+    elif any(np.isnan(f).any() for f in floats):
+        return False
+    magnitudes = np.abs(np.concatenate([f.ravel() for f in floats]))
+    finite = magnitudes[np.isfinite(magnitudes) & (magnitudes > 0)]
+    if finite.size == 0:
+        return False
+    info = ml_dtypes.finfo(np.asarray(expected).dtype)  # numpy's finfo knows no bfloat16
+    largest, smallest = finite.max(), finite.min()
+    return bool(largest * max(largest, finite.size) >= info.max
+                or smallest * smallest < info.smallest_subnormal)
+
+
+def _overflow_edge(expected, actual) -> bool:
+    """Whether every element where one side is +-inf and the other is not is
+    finite within a factor 2 of the type's largest value on the other side."""
+    e64, a64 = np.asarray(expected, np.float64), np.asarray(actual, np.float64)
+    one_inf = np.isinf(e64) != np.isinf(a64)
+    if not one_inf.any():
+        return False
+    other = np.where(np.isinf(e64), a64, e64)[one_inf]
+    return bool(np.all(np.abs(other) >= float(ml_dtypes.finfo(expected.dtype).max) / 2))
+
+
+FLUSHED_TYPES = {"float32", "float64", "bfloat16"}  # float16 works in float32: no denormals
+
+
+def _flush_denormals(value):
+    """`value` with its denormals replaced by zeros of their sign, as MAX's
+    CPU kernels read them (the same object when it holds none)."""
+    array = np.asarray(value)
+    if str(array.dtype) not in FLUSHED_TYPES:
+        return value
+    wide = array.astype(np.float64)
+    denormal = (wide != 0) & (np.abs(wide) < ml_dtypes.finfo(array.dtype).tiny)
+    if not denormal.any():
+        return value
+    return np.where(denormal, np.copysign(0.0, wide), wide).astype(array.dtype)
+
+
+def _matches_with_denormals_flushed(program, step, actual, operands) -> bool:
+    flushed = [_flush_denormals(o) for o in operands]
+    if all(f is o for f, o in zip(flushed, operands)):
+        return False
+    values = [None] * (max(step.args) + 1)
+    for i, f in zip(step.args, flushed):
+        values[i] = f
+    with jax.enable_x64(program.x64):
+        again = jax.jit(step.apply)(values)
+    return compare(actual, again, step.op, len(program.steps)) is None
+
+
+# (reason, predicate(program, step, expected, actual, operands) -> bool) for the
+# first mismatching step; operands are jax.jit's values of the step's arguments.
 KNOWN = [
     ("MAX folds y - y to 0, also for infinite y (XLA: NaN)",
-     lambda p, step, e, a: step.op == "subtract" and step.args[0] == step.args[1]),
+     lambda p, step, e, a, ops: step.op == "subtract" and step.args[0] == step.args[1]),
+    ("MAX folds x * 0 to 0 for a constant 0, also for x NaN or inf (XLA: NaN)",
+     lambda p, step, e, a, ops: step.op in ("multiply", "dot") and len(ops) == 2
+     and any(not np.asarray(o).any() for o in ops)
+     and any(kind(np.asarray(o).dtype) == "f" and not np.isfinite(np.asarray(o, np.float64)).all()
+             for o in ops)),
     ("top_k ranks every NaN as +NaN (MAX has no bitcast to see a NaN's sign)",
-     lambda p, step, e, a: step.op == "top_k"),
+     lambda p, step, e, a, ops: step.op == "top_k"),
     ("half-precision accumulation overflows in another place than XLA's float32 one",
-     lambda p, step, e, a: step.op in ACCUMULATING and str(e.dtype) in HALF
+     lambda p, step, e, a, ops: step.op in ACCUMULATING and str(e.dtype) in HALF
      and np.isinf(np.asarray(e, np.float64)).any() != np.isinf(np.asarray(a, np.float64)).any()),
+    ("accumulation in another order than XLA's overflows or underflows elsewhere "
+     "(inf * 0, inf - inf)",
+     lambda p, step, e, a, ops: step.op in ACCUMULATING and kind(e.dtype) == "f"
+     and _order_matters(step, ops, e, a)),
+    ("a half-precision result at the edge of its range overflows on one side only",
+     lambda p, step, e, a, ops: str(e.dtype) in HALF and _overflow_edge(e, a)),
+    ("MAX's CPU kernels flush denormals to zero (FTZ/DAZ); XLA keeps them",
+     lambda p, step, e, a, ops: _matches_with_denormals_flushed(p, step, a, ops)),
 ]
 
 
@@ -136,11 +237,16 @@ def _compile(lowered: list) -> list[str | None]:
     return _compile(lowered[:half]) + _compile(lowered[half:])
 
 
-def _explain(program: Program, step_index: int, error: str, actual, expected) -> Outcome:
+def _explain(program: Program, step_index: int, error: str, actual, expected,
+             values: list) -> Outcome:
+    """A mismatch, as known (with its reason) or as a failure. `values`:
+    jax.jit's values of the program's inputs and steps."""
     step = program.steps[step_index]
+    operands = [values[i] for i in step.args]
     for reason, known in KNOWN:
         try:
-            if known(program, step, np.asarray(expected), np.asarray(juju.to_numpy(actual))):
+            if known(program, step, np.asarray(expected), np.asarray(juju.to_numpy(actual)),
+                     operands):
                 return Outcome("known", program, reason)
         except Exception:  # noqa: BLE001, S110 - a predicate that cannot judge: not known
             pass
@@ -184,16 +290,21 @@ def run_batch(batch: list[Program]) -> list[Outcome]:
         for k, (a, e) in enumerate(zip(actual, expected[i])):
             error = compare(a, e, program.steps[k].op, len(program.steps))
             if error:
-                outcomes[i] = _explain(program, k, error, a, e)
+                outcomes[i] = _explain(program, k, error, a, e,
+                                       [*program.inputs, *expected[i]])
                 break
     return [outcomes[i] for i in range(len(batch))]
 
 
 def run(count: int, seed_value: int = 0, batch: int = 100, x64_share: float = 0.25,
-        verbose: bool = True, report=None) -> list[Outcome]:
+        verbose: bool = True, report=None, rerun=None) -> list[Outcome]:
+    """Draw `count` programs and run them in batches. `rerun`: the text of an
+    earlier report; only the programs it lists run (after a fix)."""
     n64 = round(count * x64_share)
     all_programs = draw_programs(count - n64, seed_value) + (
         draw_programs(n64, seed_value + 1, x64=True) if n64 else [])
+    if rerun is not None:
+        all_programs = [p for p in all_programs if p.source() + "\n" in rerun]
     outcomes: list[Outcome] = []
     for start in range(0, len(all_programs), batch):
         t0 = time.time()
@@ -222,9 +333,14 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=100, help="programs per MAX compilation")
     parser.add_argument("--x64-share", type=float, default=0.25)
     parser.add_argument("--report", help="append failing and known programs to this file")
+    parser.add_argument("--rerun", metavar="REPORT",
+                        help="run only the programs an earlier --report listed (same "
+                             "--count and --seed)")
     args = parser.parse_args(argv)
+    rerun = open(args.rerun).read() if args.rerun else None
     try:
-        outcomes = run(args.count, args.seed, args.batch, args.x64_share, report=args.report)
+        outcomes = run(args.count, args.seed, args.batch, args.x64_share, report=args.report,
+                       rerun=rerun)
     except Exception:  # noqa: BLE001 - reported, and the exit status says so
         traceback.print_exc()
         return 2
