@@ -285,7 +285,8 @@ def main(argv: list[str]) -> int:
     if command == "fuzz":
         return env.run(["-m", "tests.fuzz.run", *rest])
     if command == "bench":
-        env.ensure(_workspace()["bench-requirements"])
+        # benchmarks/programs.py's flax and optax rows: the programs tier's pins.
+        env.ensure(_workspace()["bench-requirements"] + _program_requirements(env))
         return env.run(["-m", "benchmarks.run", *rest])
     if command == "docs":
         # mkdocstrings reads juju's sources (mkdocs.yml `paths`): no MAX compile.

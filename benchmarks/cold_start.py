@@ -29,35 +29,20 @@ HERE = Path(__file__).resolve().parent
 
 def programs():
     """name -> (function, arguments); built lazily (jax imports in the child)."""
-    import jax
     import jax.numpy as jnp
     import numpy as np
 
     from benchmarks import first_call, run
+    from benchmarks.programs import transformer_block, transformer_block_arguments
 
     rng = np.random.default_rng(0)
     r = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
 
-    def transformer_block(x, wq, wk, wv, wo, w1, w2, gamma, beta):
-        b, s, d = x.shape
-        heads = 8
-
-        def split(t):
-            return t.reshape(b, s, heads, d // heads).transpose(0, 2, 1, 3)
-
-        h = run.layer_norm(x, gamma, beta)
-        x = x + run.attention(split(h @ wq), split(h @ wk), split(h @ wv), wo)
-        h = run.layer_norm(x, gamma, beta)
-        return x + jax.nn.gelu(h @ w1) @ w2
-
-    d = 256
     onehot = np.eye(10, dtype=np.float32)[rng.integers(0, 10, 128)]
     return {
         "MLP SGD step (784-512-256-10, batch 128)": (first_call.mlp_step, first_call.arguments()),
         "transformer block forward (4x128x256, 8 heads)": (
-            transformer_block,
-            (r(4, 128, d), *(r(d, d) * 0.05 for _ in range(4)), r(d, 4 * d) * 0.05,
-             r(4 * d, d) * 0.05, np.ones(d, np.float32), np.zeros(d, np.float32))),
+            transformer_block, transformer_block_arguments(rng)),
         "CNN training step (2 convs, batch 128, 32x32)": (
             run.cnn_step,
             ([r(16, 3, 3, 3) * 0.1, r(32, 16, 3, 3) * 0.1, r(32 * 16 * 16, 10) * 0.01],

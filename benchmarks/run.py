@@ -1,10 +1,13 @@
 """juju vs jax.jit, measured in the same run. `python3 dev.py bench`.
 
 Prints a table of medians and ratios (juju time / jax time: below 1 means juju
-is faster), writes benchmarks/results.json and benchmarks/results.png.
-Options: --quick (fewer repeats), --only NAME[,NAME], --no-startup;
---cold-start runs benchmarks/cold_start.py instead (first calls with empty
-caches: minutes).
+is faster), writes benchmarks/results.json and benchmarks/results.png. The
+rows: the core set below, then the workloads of real programs
+(benchmarks/programs.py: loops, linear algebra, flax models...; their
+compiles take many minutes on a cold cache).
+Options: --quick (fewer repeats), --set core|programs, --only NAME[,NAME],
+--no-startup; --cold-start runs benchmarks/cold_start.py instead (first calls
+with empty caches: minutes).
 """
 
 from __future__ import annotations
@@ -144,21 +147,40 @@ def workloads(rng):
 SETTLE_S = 1.0
 
 
-def time_call(fn, repeats: int) -> float:
-    """Median seconds per call; each sample loops long enough to be measurable."""
-    time.sleep(SETTLE_S)
+def _loops(fn) -> int:
+    """Calls per sample: enough for a sample of ~50 ms."""
     fn()
     start = time.perf_counter()
     fn()
     once = max(time.perf_counter() - start, 1e-7)
-    loops = max(1, min(10_000, int(0.05 / once)))
-    samples = []
+    return max(1, min(10_000, int(0.05 / once)))
+
+
+def _sample(fn, loops: int) -> float:
+    start = time.perf_counter()
+    for _ in range(loops):
+        fn()
+    return (time.perf_counter() - start) / loops
+
+
+def time_call(fn, repeats: int) -> float:
+    """Median seconds per call; each sample loops long enough to be measurable."""
+    time.sleep(SETTLE_S)
+    loops = _loops(fn)
+    return statistics.median(_sample(fn, loops) for _ in range(repeats))
+
+
+def time_pair(first, second, repeats: int) -> tuple[float, float]:
+    """Median seconds per call of each, measured in interleaved rounds (one
+    sample of each per round, a pause before every sample), so that a slow
+    spell of the machine hits both alike."""
+    loops = (_loops(first), _loops(second))
+    samples: tuple[list, list] = ([], [])
     for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(loops):
-            fn()
-        samples.append((time.perf_counter() - start) / loops)
-    return statistics.median(samples)
+        for fn, n, out in zip((first, second), loops, samples):
+            time.sleep(SETTLE_S)
+            out.append(_sample(fn, n))
+    return statistics.median(samples[0]), statistics.median(samples[1])
 
 
 def block(tree):
@@ -168,11 +190,27 @@ def block(tree):
     return tree
 
 
-def steady_state(repeats: int, only: set[str] | None):
-    rng = np.random.default_rng(0)
-    chosen = [w for w in workloads(rng) if not only or w[0] in only]
+SETS = ("core", "programs")
+
+
+def all_workloads(sets=SETS):
+    rows = []
+    if "core" in sets:
+        rows += workloads(np.random.default_rng(0))
+    if "programs" in sets:
+        from benchmarks import programs
+
+        rows += programs.workloads(np.random.default_rng(1))
+    return rows
+
+
+def steady_state(repeats: int, only: set[str] | None, sets=SETS):
+    chosen = [w for w in all_workloads(sets) if not only or w[0] in only]
     juju_fns, lowered, skipped = {}, [], {}
     for name, fn, args, _ in chosen:
+        if fn is None:  # a library the row needs is missing: args says which
+            skipped[name] = args
+            continue
         jf = juju.jit(fn)
         try:
             lowered.append(jf.lower(*args))
@@ -196,8 +234,8 @@ def steady_state(repeats: int, only: set[str] | None):
                         rtol=2e-3, atol=2e-3)
             for g, e in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(expected))
         )
-        t_jax = time_call(lambda: block(xla(*jax_args)), repeats)
-        t_juju = time_call(lambda: juju_fns[name](*args), repeats)
+        t_jax, t_juju = time_pair(lambda: block(xla(*jax_args)),
+                                  lambda: block(juju_fns[name](*args)), repeats)
         row = {"name": name, "jax_s": t_jax, "juju_s": t_juju, "ratio": t_juju / t_jax, "matches": ok}
         if flops:
             row["juju_gflops"] = flops / t_juju / 1e9
@@ -295,10 +333,10 @@ def first_call_latency():
 
 def format_row(row) -> str:
     if "skipped" in row:
-        return f"{row['name']:<26} skipped: {row['skipped'][:90]}"
+        return f"{row['name']:<30} skipped: {row['skipped'][:90]}"
     extra = f"  {row['juju_gflops']:7.1f} GFLOP/s" if "juju_gflops" in row else ""
     flag = "" if row["matches"] else "  MISMATCH"
-    return (f"{row['name']:<26} jax {row['jax_s'] * 1e3:9.3f} ms  juju {row['juju_s'] * 1e3:9.3f} ms"
+    return (f"{row['name']:<30} jax {row['jax_s'] * 1e3:9.3f} ms  juju {row['juju_s'] * 1e3:9.3f} ms"
             f"  ratio {row['ratio']:5.2f}{extra}{flag}")
 
 
@@ -329,6 +367,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default="")
+    parser.add_argument("--set", choices=SETS, help="one group of rows (default: all)")
     parser.add_argument("--no-startup", action="store_true")
     parser.add_argument("--no-symbolic", action="store_true")
     parser.add_argument("--cold-start", action="store_true")
@@ -341,7 +380,7 @@ def main(argv=None) -> int:
     only = {s.strip() for s in args.only.split(",") if s.strip()} or None
 
     print(f"jax {jax.__version__}, juju {juju.__version__}, {os.cpu_count()} CPUs")
-    rows = steady_state(repeats, only)
+    rows = steady_state(repeats, only, (args.set,) if args.set else SETS)
     ratios = [r["ratio"] for r in rows if "ratio" in r]
     geomean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else float("nan")
     print(f"\nsteady-state geomean juju/jax: {geomean:.2f}  (goal <= 0.75)")
