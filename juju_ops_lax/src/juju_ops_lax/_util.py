@@ -33,6 +33,16 @@ def scalar(ctx, value, dtype):
     return ctx.constant(np.asarray(value, dtype=dtype), dtype)
 
 
+def sign_bit(ctx, x, dtype):
+    """Where float x (of jax dtype `dtype`) is negative, -0.0 included; NaN:
+    false. For zeros the sign shows in 1/x (-inf for -0.0); elsewhere x < 0
+    says it."""
+    zero = scalar(ctx, 0, dtype)
+    one = scalar(ctx, 1, dtype)
+    recip = ops.div(one, ops.where(ops.equal(x, zero), x, one))
+    return ops.where(ops.equal(x, zero), ops.greater(zero, recip), ops.greater(zero, x))
+
+
 def is_signed_int(dtype) -> bool:
     return np.issubdtype(np.dtype(dtype), np.signedinteger)
 

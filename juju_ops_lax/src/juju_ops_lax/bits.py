@@ -20,7 +20,7 @@ from max.graph import ops
 
 from juju import RuleSet
 from juju import primitives as P
-from juju_ops_lax._util import is_bool, is_float, is_signed_int, scalar
+from juju_ops_lax._util import is_bool, is_float, is_signed_int, scalar, sign_bit
 
 rules = RuleSet()
 
@@ -69,12 +69,6 @@ def _exponent(ctx, a):
     return e
 
 
-def _signbit(ctx, w):
-    zero, one = scalar(ctx, 0.0, _F64), scalar(ctx, 1.0, _F64)
-    recip = ops.div(one, ops.where(ops.equal(w, zero), w, one))
-    return ops.where(ops.equal(w, zero), ops.greater(zero, recip), ops.greater(zero, w))
-
-
 def _float_to_bits(ctx, x, dtype):
     """(sign as bool, magnitude bits as uint64) of float tensor x."""
     fmt = _FORMATS[np.dtype(dtype)]
@@ -101,7 +95,7 @@ def _float_to_bits(ctx, x, dtype):
     mant = ops.where(zero, scalar(ctx, 0, _U64), mant)
     biased = ops.where(zero, scalar(ctx, 0, _U64), biased)
     mag = ops.add(ops.mul(biased, scalar(ctx, 2 ** fmt.mantissa, _U64)), mant)
-    sign = ops.logical_and(_signbit(ctx, w), ops.logical_not(nan))
+    sign = ops.logical_and(sign_bit(ctx, w, _F64), ops.logical_not(nan))
     return sign, mag
 
 

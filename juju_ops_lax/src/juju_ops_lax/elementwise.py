@@ -23,6 +23,7 @@ from juju.primitives import log2_p, one_minus_square_p, polynomial_p
 from juju_ops_lax import nan
 from juju_ops_lax._util import (
     broadcast_to, is_bool, is_constant, is_float, is_signed_int, is_unsigned_int, scalar,
+    sign_bit,
 )
 
 rules = RuleSet()
@@ -151,7 +152,7 @@ def lower_div(ctx, x, y):
             # MAX folds 0 / y to +0, also where y is 0 or NaN (jnp.mean of an
             # empty array, whose sum is the constant 0, was 0): IEEE's answer.
             zero = scalar(ctx, 0, dtype)
-            signed = ops.where(ops.not_equal(_sign_bit(x), _sign_bit(y)),
+            signed = ops.where(ops.not_equal(sign_bit(ctx, x, dtype), sign_bit(ctx, y, dtype)),
                                scalar(ctx, -0.0, dtype), zero)
             undefined = ops.logical_or(ops.is_nan(y), ops.equal(y, zero))
             q = ops.where(ops.equal(x, zero),
@@ -169,7 +170,7 @@ def lower_div(ctx, x, y):
 def lower_rem(ctx, x, y):
     dtype = ctx.avals_in[0].dtype
     if is_float(dtype):
-        return ops.cast(_float_rem(ops.cast(x, DType.float64), ops.cast(y, DType.float64)),
+        return ops.cast(_float_rem(ctx, ops.cast(x, DType.float64), ops.cast(y, DType.float64)),
                         x.dtype)
     safe = _safe_int_divisor(ctx, y)
     r = ops.sub(x, ops.mul(_trunc_div(ctx, x, safe), safe))
@@ -178,7 +179,7 @@ def lower_rem(ctx, x, y):
     return ops.where(ops.equal(y, scalar(ctx, 0, dtype)), x, r)
 
 
-def _float_rem(x, y):
+def _float_rem(ctx, x, y):
     """C's fmod, in float64. Not MAX's mod: it has the divisor's sign, loses
     the remainder of large quotients (fmod(1e10, 3) was 0) and is folded
     wrongly for constant divisors (fmod(x, 1.0) was 0 for every x, and
@@ -195,7 +196,7 @@ def _float_rem(x, y):
     ar = ops.where(ops.greater_equal(ar, ay), ops.sub(ar, ay), ar)
     ar = ops.where(ops.greater(zero, ar), ops.add(ar, ay), ar)
     # The dividend's sign, zeros included (fmod(-2, 2) == -0.0)
-    negative = _sign_bit(x)
+    negative = sign_bit(ctx, x, np.float64)
     r = ops.where(negative, ops.negate(ar), ar)
     r = ops.where(ops.equal(ar, zero), ops.where(negative, const(-0.0), zero), r)
     # fmod(x, +-inf) == x for finite x
@@ -205,14 +206,6 @@ def _float_rem(x, y):
     undefined = ops.logical_or(nan.unordered(x, y), ops.logical_or(
         ops.is_inf(x), ops.equal(y, zero)))
     return ops.where(undefined, const(float("nan")), r)
-
-
-def _sign_bit(x):
-    """Where float x is negative, -0.0 included (1 / -0.0 == -inf); NaN: false."""
-    zero = ops.constant(0.0, x.dtype, device=x.device)
-    one = ops.constant(1.0, x.dtype, device=x.device)
-    return ops.logical_or(ops.greater(zero, x), ops.logical_and(
-        ops.equal(x, zero), ops.greater(zero, ops.div(one, x))))
 
 
 # --- max / min with NaN propagation ------------------------------------------
@@ -273,8 +266,8 @@ def lower_pow(ctx, x, y):
         # about y ulps (float32 pow(1 + 2**-23, 2**24) was off by 5e-4):
         # float64 keeps that below the narrower type's rounding.
         f64 = DType.float64
-        return ops.cast(_float_pow(ops.cast(x, f64), ops.cast(y, f64)), x.dtype)
-    return _float_pow(x, y)
+        return ops.cast(_float_pow(ctx, ops.cast(x, f64), ops.cast(y, f64)), x.dtype)
+    return _float_pow(ctx, x, y)
 
 
 # From here on, |x| ** y as exp(y * log|x|): MAX's pow takes an integral y
@@ -283,7 +276,7 @@ def lower_pow(ctx, x, y):
 _BY_LOG = 1024.0
 
 
-def _float_pow(x, y):
+def _float_pow(ctx, x, y):
     """C's pow in float64: MAX's is only right for a finite positive base and
     a finite y of moderate size. |x| ** y from MAX where that holds (by
     exp and log for large |y|), then the sign and every special case."""
@@ -296,7 +289,7 @@ def _float_pow(x, y):
     integer_y = ops.logical_and(finite_y, ops.equal(ops.floor(y), y))
     half = ops.mul(y, const(0.5))
     odd_y = ops.logical_and(integer_y, ops.not_equal(ops.floor(half), half))
-    negative = _sign_bit(x)
+    negative = sign_bit(ctx, x, np.float64)
     safe_base = ops.where(ops.logical_or(ops.equal(ax, zero), ops.is_inf(ax)), one, ax)
     large_y = ops.logical_and(finite_y, ops.greater_equal(ops.abs(y), const(_BY_LOG)))
     moderate_y = ops.logical_and(finite_y, ops.logical_not(large_y))

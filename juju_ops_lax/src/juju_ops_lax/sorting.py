@@ -22,18 +22,10 @@ from max.graph import ops
 
 from juju import RuleSet
 from juju import primitives as P
-from juju_ops_lax._util import is_bool, is_float, reduce_axis, scalar
+from juju_ops_lax._util import is_bool, is_float, reduce_axis, scalar, sign_bit
 
 rules = RuleSet()
 _I64 = np.int64
-
-
-def _signbit(ctx, x, dtype):
-    zero = scalar(ctx, 0, dtype)
-    one = scalar(ctx, 1, dtype)
-    # For zeros, the sign shows in 1/x; elsewhere x < 0 says it.
-    recip = ops.div(one, ops.where(ops.equal(x, zero), x, one))
-    return ops.where(ops.equal(x, zero), ops.greater(zero, recip), ops.greater(zero, x))
 
 
 def _lt_eq(ctx, a, b, dtype, signed_zeros=False):
@@ -48,7 +40,7 @@ def _lt_eq(ctx, a, b, dtype, signed_zeros=False):
     num_eq = ops.equal(a, b)
     lt = ops.greater(b, a)
     if signed_zeros:
-        sa, sb = _signbit(ctx, a, dtype), _signbit(ctx, b, dtype)
+        sa, sb = sign_bit(ctx, a, dtype), sign_bit(ctx, b, dtype)
         lt = ops.logical_or(lt, ops.logical_and(num_eq, ops.logical_and(sa, ops.logical_not(sb))))
         num_eq = ops.logical_and(num_eq, ops.equal(sa, sb))
     lt = ops.logical_and(ops.logical_not(nan_a), ops.logical_or(lt, nan_b))
