@@ -159,10 +159,11 @@ GROUP_NOTES = {
           "harnesses 25 of 20000 float32 (2 complex64) entries of R differ from "
           "LAPACK's blocked QR by more than rtol 2e-5 (rounding of a different "
           "summation order; 2.5e-6 absolute).",
-    "cholesky": "an unblocked Cholesky (juju_ops_lax/linalg.py): on the 200x200 "
+    "cholesky": "an unblocked Cholesky (juju-kernels-mojo's kernel for real matrices "
+                "on the CPU, juju_ops_lax/linalg.py's loop otherwise): on the 200x200 "
                 "harnesses about 110 of 40000 float32 entries differ from LAPACK's "
                 "blocked potrf by more than rtol 2e-5 (summation order over 200 "
-                "terms; 2.5e-6 absolute).",
+                "terms; 2.5e-6 absolute; counted with the loop).",
     "sort": "is_stable=False with equal keys: XLA's CPU sort orders ties as its "
             "std::sort leaves them; juju always sorts stably (ties keep their "
             "input order), which JAX's is_stable=False allows. The keys agree; "

@@ -9,7 +9,9 @@ uses one of them.
 New primitives: `add_one`, `fma` (fused x * y + z), `row_logsumexp`.
 Kernels for lax primitives MAX has no op for (at `Priority.KERNEL`): integer
 `and`/`or`/`xor`/`not`, `shift_left`, `shift_right_logical`,
-`shift_right_arithmetic`, `population_count`, `clz`, and `threefry2x32`.
+`shift_right_arithmetic`, `population_count`, `clz`, and `threefry2x32`;
+on the CPU, `cholesky`, `lu` and `triangular_solve` of real matrices (their
+own library, `juju_linalg`: linalg_rules.py).
 """
 
 from pathlib import Path
@@ -31,10 +33,22 @@ def library_path() -> Path:
 
 kernel_library = juju.KernelLibrary(LIBRARY, path=library_path)
 
+LINALG_LIBRARY = "juju_linalg"
+LINALG_KERNEL_DIR = Path(__file__).resolve().parent / "linalg_kernels"
+
+
+def linalg_library_path() -> Path:
+    """The compiled library of the factorization kernels (linalg_rules.py)."""
+    return build_kernel_library(LINALG_KERNEL_DIR, LINALG_LIBRARY)
+
+
+linalg_library = juju.KernelLibrary(LINALG_LIBRARY, path=linalg_library_path)
+
 from juju_kernels_mojo.primitives import add_one, fma, row_logsumexp  # noqa: E402
 
 __all__ = [
     "build_kernel_library", "cache_dir", "source_hash", "call_kernel", "broadcast_operands",
-    "library_path", "kernel_library", "LIBRARY", "KERNEL_DIR", "add_one", "fma",
+    "library_path", "kernel_library", "LIBRARY", "KERNEL_DIR", "linalg_library_path",
+    "linalg_library", "LINALG_LIBRARY", "LINALG_KERNEL_DIR", "add_one", "fma",
     "row_logsumexp",
 ]

@@ -1,14 +1,15 @@
 """Entry point of the Mojo kernels pack."""
 
 import juju
-from juju_kernels_mojo import kernel_library, lax_rules, nn_rules, primitives
+from juju_kernels_mojo import (kernel_library, lax_rules, linalg_library, linalg_rules,
+                               nn_rules, primitives)
 
 
 @juju.hookimpl
 def juju_rules():
-    return [primitives.rules, lax_rules.rules, nn_rules.rules]
+    return [primitives.rules, lax_rules.rules, nn_rules.rules, linalg_rules.rules]
 
 
 @juju.hookimpl
 def juju_kernel_libraries():
-    return [kernel_library]
+    return [kernel_library, linalg_library]

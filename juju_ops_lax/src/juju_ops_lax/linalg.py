@@ -10,7 +10,9 @@ Householder signs), so results match XLA's LAPACK calls to rounding. lu,
 qr, tridiagonal_solve and custom_linear_solve lower JAX's own generic
 implementations (`jax_impls`), as XLA does on platforms without LAPACK.
 eigh and svd are Jacobi methods in juju_ops_lax/jacobi.py; eig (non-symmetric)
-has no rule.
+has no rule. On the CPU, juju-kernels-mojo outranks cholesky, lu and
+triangular_solve for real matrices with kernels (a loop trip of MAX costs
+~15 us, a column each); these rules serve complex matrices and the GPU.
 """
 
 from __future__ import annotations

@@ -1,0 +1,94 @@
+"""Kernels for lax's dense factorizations on the CPU: cholesky, lu and
+triangular_solve of float32/float64 matrices (linalg_kernels/linalg.mojo).
+
+juju_ops_lax lowers them as loops of MAX ops, one MAX loop iteration per
+column; at n = 64 that loop's per-iteration cost made a Cholesky ~90x
+slower than jax.jit's LAPACK call (issue 17). These kernels run the whole
+factorization, every matrix of a batch in parallel, with LAPACK's
+conventions (potrf's NaNs on failure, getrf's pivots). Registered at
+`Priority.KERNEL` for CPU graphs; complex matrices and the GPU keep lax's
+rules. The kernels live in their own library, `juju_linalg`, so graphs
+that do not factorize anything keep their cache keys when it changes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from max.graph import TensorType, ops
+
+import juju
+from juju import primitives as P
+from juju_kernels_mojo import LINALG_LIBRARY
+
+REAL = (np.dtype(np.float32), np.dtype(np.float64))
+
+rules = juju.RuleSet(dtypes=(*REAL, np.dtype(np.int32)))
+
+
+def cpu_real(ctx) -> bool:
+    """A CPU graph and a float32/float64 operand."""
+    return ctx.device.is_cpu() and np.dtype(ctx.avals_in[0].dtype) in REAL
+
+
+def _kernel(ctx, name, operands, results, parameters=None):
+    """Call `name` on `operands`; `results` are (shape, dtype) pairs."""
+    types = [TensorType(ctx.max_dtype(dtype), shape, device=ctx.device)
+             for shape, dtype in results]
+    return ops.custom(name, ctx.device, list(operands), types, parameters=parameters)
+
+
+def _as_batch(x, shape):
+    """[..., r, c] -> [batch, r, c]: the kernels take one leading batch axis."""
+    return ops.reshape(x, (math.prod(shape[:-2]), *shape[-2:]))
+
+
+def _register(primitive):
+    return rules.register(primitive, priority=juju.Priority.KERNEL, guard=cpu_real,
+                          requires=(LINALG_LIBRARY,))
+
+
+@_register(P.cholesky_p)
+def lower_cholesky(ctx, x, *, symmetrize_input=False):
+    (aval,) = ctx.avals_in
+    if symmetrize_input:  # jax versions that symmetrize inside the primitive
+        x = ops.div(ops.add(x, ops.transpose(x, -1, -2)), ctx.constant(2, aval.dtype))
+    batched = _as_batch(x, aval.shape)
+    (out,) = _kernel(ctx, "juju_cholesky", [batched], [(batched.shape, aval.dtype)])
+    return ops.reshape(out, aval.shape)
+
+
+@_register(P.triangular_solve_p)
+def lower_triangular_solve(ctx, a, b, *, left_side, lower, transpose_a, conjugate_a,
+                           unit_diagonal):
+    # conjugate_a changes nothing for the real matrices cpu_real admits.
+    a_aval, b_aval = ctx.avals_in
+    # X op(A) = B is op(A)^T X^T = B^T: every case becomes a left-side solve
+    # with the triangle the kernel reads written out.
+    transpose = transpose_a != (not left_side)
+    t = _as_batch(a, a_aval.shape)
+    if transpose:
+        t = ops.transpose(t, 1, 2)
+    rhs = _as_batch(b, b_aval.shape)
+    if not left_side:
+        rhs = ops.transpose(rhs, 1, 2)
+    (x,) = _kernel(ctx, "juju_triangular_solve", [t, rhs], [(rhs.shape, b_aval.dtype)],
+                   parameters={"lower": lower != transpose, "unit_diagonal": unit_diagonal})
+    if not left_side:
+        x = ops.transpose(x, 1, 2)
+    return ops.reshape(x, b_aval.shape)
+
+
+@_register(P.lu_p)
+def lower_lu(ctx, x):
+    (aval,) = ctx.avals_in
+    lu_aval, pivots_aval, permutation_aval = ctx.avals_out
+    batched = _as_batch(x, aval.shape)
+    batch, m, n = batched.shape
+    lu, pivots, permutation = _kernel(
+        ctx, "juju_lu", [batched],
+        [(batched.shape, aval.dtype), ((batch, min(m, n)), np.int32), ((batch, m), np.int32)],
+    )
+    return [ops.reshape(lu, lu_aval.shape), ops.reshape(pivots, pivots_aval.shape),
+            ops.reshape(permutation, permutation_aval.shape)]

@@ -1,0 +1,198 @@
+"""cholesky, lu and triangular_solve against jax.jit (LAPACK).
+
+juju-kernels-mojo's CPU kernels for float32/float64: batches, tails of the
+SIMD width, more than one block of right-hand sides, every trsm variant,
+rectangular and singular LU, potrf's NaNs on failure, and the programs built
+on them (solve, slogdet, inv, cho_solve, a GP likelihood's gradient). Also
+one of each of juju_ops_lax's loops (what GPU graphs and complex matrices
+use), with the mojo pack blocked. All graphs compile in ONE MAX compilation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import jax
+import jax.numpy as jnp
+import jax.scipy as jsp
+import numpy as np
+import pytest
+from jax import lax
+
+import juju
+from juju import plugins
+from tests.util import assert_same
+
+rng = np.random.default_rng(7)
+N = 37  # not a multiple of the kernels' SIMD widths
+
+
+def spd(*batch, n=N, dtype=np.float32):
+    m = rng.standard_normal((*batch, n, n))
+    return (m @ np.swapaxes(m, -1, -2) / n + np.eye(n)).astype(dtype)
+
+
+def triangle(*batch, n=N, dtype=np.float32):
+    """Well conditioned either way up: a dominant diagonal, small elsewhere
+    (so unit_diagonal solves stay well conditioned too)."""
+    m = rng.standard_normal((*batch, n, n)) / n
+    return (m + 3 * np.eye(n)).astype(dtype)
+
+
+def normal(*shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def factorizations(a, not_pd, nan_lower, nan_upper):
+    bad = jnp.stack([a[0], not_pd])  # one batch element fails: NaN there only
+    return {
+        "cholesky": lax.linalg.cholesky(a, symmetrize_input=False),
+        "symmetrized": jnp.linalg.cholesky(a),
+        "one_fails": lax.linalg.cholesky(bad, symmetrize_input=False),
+        "nan_lower": lax.linalg.cholesky(nan_lower, symmetrize_input=False),
+        # potrf reads the lower triangle only
+        "nan_upper": lax.linalg.cholesky(nan_upper, symmetrize_input=False),
+    }
+
+
+def triangular_solves(t, b):
+    out = {}
+    for left, lower, transpose, unit in itertools.product((True, False), repeat=4):
+        rhs = b if left else jnp.swapaxes(b, -1, -2)
+        name = f"left={left} lower={lower} transpose={transpose} unit={unit}"
+        out[name] = lax.linalg.triangular_solve(t, rhs, left_side=left, lower=lower,
+                                                transpose_a=transpose, unit_diagonal=unit)
+    out["vector"] = jsp.linalg.solve_triangular(t[0], b[0, :, 0], lower=True)
+    return out
+
+
+def lu_cases(square, singular, wide, ties):
+    return {
+        "square": lax.linalg.lu(square),
+        "singular": lax.linalg.lu(singular),
+        "wide": lax.linalg.lu(wide),
+        "tall": lax.linalg.lu(jnp.swapaxes(wide, -1, -2)),
+        "ties": lax.linalg.lu(ties),  # equal magnitudes: the first row wins
+    }
+
+
+def programs(a, spd_a, b, y):
+    def nll(scale, y):
+        k = spd_a * scale
+        low = jnp.linalg.cholesky(k)
+        alpha = jsp.linalg.cho_solve((low, True), y)
+        return 0.5 * y @ alpha + jnp.sum(jnp.log(jnp.diagonal(low)))
+
+    sign, logdet = jnp.linalg.slogdet(a)
+    return {
+        "solve": jnp.linalg.solve(a, b),
+        "slogdet": (sign, logdet),
+        "det": jnp.linalg.det(a),
+        "inv": jnp.linalg.inv(a),
+        "cho_solve": jsp.linalg.cho_solve(jsp.linalg.cho_factor(spd_a), b),
+        "gp_nll_and_grad": jax.value_and_grad(nll, argnums=(0, 1))(1.3, y),
+    }
+
+
+def _singular(dtype):
+    m = normal(2, N, N, dtype=dtype)
+    m[1, :, 3] = 0  # a zero column: getrf skips the scaling
+    return m
+
+
+def _ties(dtype):
+    return np.array([[1, 2, 3], [-1, 5, 1], [1, -2, 4]], dtype)
+
+
+def _nan_at(a, i, j):
+    a = a.copy()
+    a[..., i, j] = np.nan
+    return a
+
+
+def cases(dtype):
+    a = spd(2, dtype=dtype)
+    return {
+        "factorizations": (factorizations, (a, -spd(dtype=dtype), _nan_at(a, 20, 4),
+                                            _nan_at(a, 4, 20))),
+        "triangular_solves": (triangular_solves, (triangle(2, dtype=dtype),
+                                                  normal(2, N, 70, dtype=dtype))),
+        "lu": (lu_cases, (normal(2, 3, N, N, dtype=dtype), _singular(dtype),
+                          normal(2, 5, 9, dtype=dtype), _ties(dtype))),
+        "programs": (programs, (normal(N, N, dtype=dtype) + 4 * np.eye(N, dtype=dtype),
+                                spd(dtype=dtype), normal(N, 3, dtype=dtype),
+                                normal(N, dtype=dtype))),
+    }
+
+
+CASES = {(name, np.dtype(dtype).name): case
+         for dtype in (np.float32, np.float64) for name, case in cases(dtype).items()}
+
+
+def lax_loops(a, t, b, square):
+    """One of each loop of juju_ops_lax (its while loops compile slowly)."""
+    return {
+        "cholesky": jnp.linalg.cholesky(a),
+        "left_lower": lax.linalg.triangular_solve(t, b, left_side=True, lower=True),
+        "left_upper_transposed": lax.linalg.triangular_solve(
+            t, b, left_side=True, lower=False, transpose_a=True, unit_diagonal=True),
+        "right_upper": lax.linalg.triangular_solve(
+            t, jnp.swapaxes(b, -1, -2), left_side=False, lower=False),
+        "lu": lax.linalg.lu(square),
+    }
+
+
+LAX_CASES = {("lax_loops", "float32"): (lax_loops, (spd(2), triangle(2), normal(2, N, 5),
+                                                      normal(2, N, N)))}
+
+
+def _lower(fn, args):
+    with jax.enable_x64(args[0].dtype == np.float64):
+        return juju.jit(fn).lower(*args)
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    lowered = {("mojo", *key): _lower(*CASES[key]) for key in CASES}
+    saved = os.environ.get("JUJU_BLOCK_PLUGINS")
+    os.environ["JUJU_BLOCK_PLUGINS"] = "mojo"
+    plugins.reload()
+    try:
+        lowered.update({("lax", *key): _lower(*case) for key, case in LAX_CASES.items()})
+    finally:
+        if saved is None:
+            del os.environ["JUJU_BLOCK_PLUGINS"]
+        else:
+            os.environ["JUJU_BLOCK_PLUGINS"] = saved
+        plugins.reload()
+    return dict(zip(lowered, juju.compile_all(list(lowered.values()))))
+
+
+def _tolerance(dtype):
+    if dtype == "float64":
+        return dict(rtol=1e-10, atol=1e-10)
+    # LAPACK sums in another order (blocked); inv's entries reach 25 here.
+    return dict(rtol=2e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rules,name,dtype",
+                         [("mojo", *key) for key in CASES] + [("lax", *key) for key in LAX_CASES])
+def test_matches_jax(compiled, rules, name, dtype):
+    fn, args = (CASES if rules == "mojo" else LAX_CASES)[name, dtype]
+    with jax.enable_x64(dtype == "float64"):
+        got, expected = compiled[rules, name, dtype](*args), jax.jit(fn)(*args)
+    assert_same(got, expected, **_tolerance(dtype))
+
+
+def test_kernels_lower_the_factorizations():
+    """The mojo pack's rules, not lax's loops, take real matrices on the CPU;
+    complex matrices go to lax's rules."""
+    a = spd(dtype=np.float32)
+    chosen = {c.primitive: (c.pack, c.rule) for c in juju.explain(programs, a, a, a[:, :3], a[0])
+              if c.primitive in ("cholesky", "lu", "triangular_solve")}
+    assert chosen == {"cholesky": ("mojo", "lower_cholesky"), "lu": ("mojo", "lower_lu"),
+                      "triangular_solve": ("mojo", "lower_triangular_solve")}
+    complex_choice = {c.pack for c in juju.explain(jnp.linalg.cholesky, a.astype(np.complex64))
+                      if c.primitive == "cholesky"}
+    assert complex_choice == {"lax"}
