@@ -54,6 +54,26 @@ def cond_operand_none(p, x):
     return lax.cond(p > 0, lambda x: (x, None), lambda x: (-x, None), x)
 
 
+def guarded_division(n, d, x):
+    """The untaken branch divides by zero: it runs (the branches are cheap
+    enough to select between) and must neither trap nor leak its NaN."""
+    return (lax.cond(d != 0, lambda: n // d, lambda: jnp.int32(0)),
+            lax.cond(d != 0, lambda: x / d, lambda: x))
+
+
+def cond_elementwise(x, y):
+    return lax.cond(x[0, 0] > 0, lambda a, b: (a * 2.0, b + 1.0), lambda a, b: (jnp.sin(a), -b),
+                    x, y)
+
+
+def switch_with_loop(i, x):
+    """A branch with a loop runs only when taken: MAX's cond."""
+    def halve_until_small(v):
+        return lax.while_loop(lambda v: jnp.max(jnp.abs(v)) > 1.0, lambda v: v / 2.0, v)
+
+    return lax.switch(i, [halve_until_small, jnp.sin, lambda v: v + 1.0], x)
+
+
 # --- while -------------------------------------------------------------------
 
 
@@ -161,6 +181,13 @@ CASES = {
     "switch_clamped": (switch_layers, (np.int32(9), f32(3, 3)), {}),
     "switch_negative": (switch_layers, (np.int32(-4), f32(3, 3)), {}),
     "cond_none_leaf": (cond_operand_none, (np.float32(-1), f32(2)), {}),
+    "guarded_division_by_zero": (guarded_division, (np.int32(7), np.int32(0), f32(3)), {}),
+    "guarded_division": (guarded_division, (np.int32(7), np.int32(-2), f32(3)), {}),
+    # past control_flow.SELECT_BUDGET: MAX's cond
+    "cond_large_true": (cond_elementwise, (np.abs(f32(200, 400)), f32(200, 400)), {}),
+    "cond_large_false": (cond_elementwise, (-np.abs(f32(200, 400)), f32(200, 400)), {}),
+    "switch_with_loop_0": (switch_with_loop, (np.int32(0), f32(4) * 10), {}),
+    "switch_with_loop_2": (switch_with_loop, (np.int32(2), f32(4) * 10), {}),
     "newton_sqrt": (newton_sqrt, (np.abs(f32(5)) + 0.5,), {}),
     "while_consts": (while_consts, (f32(3), f32(3)), {}),
     "fori_static": (fori_static, (f32(4),), {}),
@@ -206,6 +233,16 @@ def test_matches_jax(compiled, name):
         raise errors[name]
     fn, args, kw = CASES[name]
     assert_same(results[name](*args, **kw), jax.jit(fn)(*args, **kw), rtol=2e-5, atol=2e-5)
+
+
+def test_cheap_branches_are_selected_others_are_a_max_cond():
+    """Branches cheaper than MAX's cond all run and `where` picks; large ones,
+    and any with a loop, become `mo.if`."""
+    for name, cond in (("cond_pytree_true", False), ("switch_2", False),
+                       ("guarded_division", False), ("cond_large_true", True),
+                       ("switch_with_loop_0", True)):
+        fn, args, _ = CASES[name]
+        assert ("mo.if" in juju.jit(fn).lower(*args).as_text()) == cond, name
 
 
 def test_loops_do_not_grow_with_the_trip_count():
