@@ -204,6 +204,8 @@ def wheels(env: Env, args: list[str]) -> int:
             extra = [str(ROOT / folder) for folder in workspace["test-packs"]]
             extra += workspace["dev-requirements"]
         subprocess.run(pip + list(map(str, wheel_files)) + extra, check=True)
+        if pytest_args:  # the fast tier's programs, with the jax the wheels brought
+            subprocess.run(pip + _program_requirements(python), check=True)
         # Run from the scratch folder: nothing of the checkout shadows the wheels.
         check = ("import juju, juju_ops_lax, juju_ops_nn, juju_kernels_mojo, sys\n"
                  "assert all(m.__file__.startswith(sys.prefix) for m in "
@@ -234,15 +236,15 @@ def _wheel_problems(wheel_files: list[Path]) -> list[str]:
 # --- commands ----------------------------------------------------------------------
 
 
-def _program_requirements(env: Env) -> list[str]:
+def _program_requirements(python: Path) -> list[str]:
     """tests/programs/requirements.txt, holding jax, jaxlib and numpy at the
-    environment's installed versions (newer library releases may ask for a
+    versions installed for `python` (newer library releases may ask for a
     newer jax)."""
     text = (ROOT / "tests" / "programs" / "requirements.txt").read_text()
     wanted = [line.split("#")[0].strip() for line in text.splitlines()]
     code = ("from importlib.metadata import version\n"
             "for name in ('jax', 'jaxlib', 'numpy'): print(f'{name}=={version(name)}')")
-    held = subprocess.run([str(env.python), "-c", code], capture_output=True, text=True,
+    held = subprocess.run([str(python), "-c", code], capture_output=True, text=True,
                           check=True).stdout.split()
     return [line for line in wanted if line] + held
 
@@ -268,10 +270,10 @@ def main(argv: list[str]) -> int:
     if command == "demo":
         return env.run(["examples/basic.py", *rest])
     if command == "test":
-        env.ensure(_program_requirements(env))  # CI's subset of the real-programs tier
+        env.ensure(_program_requirements(env.python))  # CI's subset of the real-programs tier
         return env.run(["-m", "pytest", "-m", "not full and not programs and not fuzz", *rest])
     if command == "programs":
-        env.ensure(_program_requirements(env))
+        env.ensure(_program_requirements(env.python))
         return env.run(["-m", "pytest", "tests/programs", *rest])
     if command == "compat":
         env.run(["-c", "import sys, jax; print(f'[dev] compatibility tier: Python "
@@ -286,7 +288,7 @@ def main(argv: list[str]) -> int:
         return env.run(["-m", "tests.fuzz.run", *rest])
     if command == "bench":
         # benchmarks/programs.py's flax and optax rows: the programs tier's pins.
-        env.ensure(_workspace()["bench-requirements"] + _program_requirements(env))
+        env.ensure(_workspace()["bench-requirements"] + _program_requirements(env.python))
         return env.run(["-m", "benchmarks.run", *rest])
     if command == "docs":
         # mkdocstrings reads juju's sources (mkdocs.yml `paths`): no MAX compile.
