@@ -16,11 +16,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from max.graph import TensorType, ops
+from jax import ShapeDtypeStruct
+from max.graph import ops
 
 import juju
 from juju import primitives as P
 from juju_kernels_mojo import LINALG_LIBRARY
+from juju_kernels_mojo.lowering import call_kernel
 
 REAL = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -32,16 +34,9 @@ def cpu_real(ctx) -> bool:
     return ctx.device.is_cpu() and np.dtype(ctx.avals_in[0].dtype) in REAL
 
 
-def _kernel(ctx, name, operands, results, parameters=None):
-    """Call `name` on `operands`; `results` are (shape, dtype) pairs."""
-    types = [TensorType(ctx.max_dtype(dtype), shape, device=ctx.device)
-             for shape, dtype in results]
-    return ops.custom(name, ctx.device, list(operands), types, parameters=parameters)
-
-
-def _as_batch(x, shape):
+def _batched(shape) -> tuple[int, int, int]:
     """[..., r, c] -> [batch, r, c]: the kernels take one leading batch axis."""
-    return ops.reshape(x, (math.prod(shape[:-2]), *shape[-2:]))
+    return (math.prod(shape[:-2]), *shape[-2:])
 
 
 def _register(primitive):
@@ -54,8 +49,9 @@ def lower_cholesky(ctx, x, *, symmetrize_input=False):
     (aval,) = ctx.avals_in
     if symmetrize_input:  # jax versions that symmetrize inside the primitive
         x = ops.div(ops.add(x, ops.transpose(x, -1, -2)), ctx.constant(2, aval.dtype))
-    batched = _as_batch(x, aval.shape)
-    (out,) = _kernel(ctx, "juju_cholesky", [batched], [(batched.shape, aval.dtype)])
+    shape = _batched(aval.shape)
+    (out,) = call_kernel(ctx, "juju_cholesky", ops.reshape(x, shape),
+                         out_avals=[ShapeDtypeStruct(shape, aval.dtype)])
     return ops.reshape(out, aval.shape)
 
 
@@ -67,14 +63,16 @@ def lower_triangular_solve(ctx, a, b, *, left_side, lower, transpose_a, conjugat
     # X op(A) = B is op(A)^T X^T = B^T: every case becomes a left-side solve
     # with the triangle the kernel reads written out.
     transpose = transpose_a != (not left_side)
-    t = _as_batch(a, a_aval.shape)
+    t = ops.reshape(a, _batched(a_aval.shape))
     if transpose:
         t = ops.transpose(t, 1, 2)
-    rhs = _as_batch(b, b_aval.shape)
+    batch, rows, cols = _batched(b_aval.shape)
+    rhs = ops.reshape(b, (batch, rows, cols))
     if not left_side:
-        rhs = ops.transpose(rhs, 1, 2)
-    (x,) = _kernel(ctx, "juju_triangular_solve", [t, rhs], [(rhs.shape, b_aval.dtype)],
-                   parameters={"lower": lower != transpose, "unit_diagonal": unit_diagonal})
+        rhs, rows, cols = ops.transpose(rhs, 1, 2), cols, rows
+    (x,) = call_kernel(ctx, "juju_triangular_solve", t, rhs,
+                       parameters={"lower": lower != transpose, "unit_diagonal": unit_diagonal},
+                       out_avals=[ShapeDtypeStruct((batch, rows, cols), b_aval.dtype)])
     if not left_side:
         x = ops.transpose(x, 1, 2)
     return ops.reshape(x, b_aval.shape)
@@ -84,11 +82,12 @@ def lower_triangular_solve(ctx, a, b, *, left_side, lower, transpose_a, conjugat
 def lower_lu(ctx, x):
     (aval,) = ctx.avals_in
     lu_aval, pivots_aval, permutation_aval = ctx.avals_out
-    batched = _as_batch(x, aval.shape)
-    batch, m, n = batched.shape
-    lu, pivots, permutation = _kernel(
-        ctx, "juju_lu", [batched],
-        [(batched.shape, aval.dtype), ((batch, min(m, n)), np.int32), ((batch, m), np.int32)],
+    batch, m, n = shape = _batched(aval.shape)
+    lu, pivots, permutation = call_kernel(
+        ctx, "juju_lu", ops.reshape(x, shape),
+        out_avals=[ShapeDtypeStruct(shape, aval.dtype),
+                   ShapeDtypeStruct((batch, min(m, n)), np.int32),
+                   ShapeDtypeStruct((batch, m), np.int32)],
     )
     return [ops.reshape(lu, lu_aval.shape), ops.reshape(pivots, pivots_aval.shape),
             ops.reshape(permutation, permutation_aval.shape)]
