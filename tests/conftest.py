@@ -10,3 +10,20 @@ explicitly with `juju.jit(f, tiered=True)`.
 import os
 
 os.environ["JUJU_TIERED"] = "0"
+
+from collections import defaultdict
+
+_seconds_per_module: defaultdict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report):
+    _seconds_per_module[report.nodeid.split("::")[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Seconds per test module (compiles included): where CI's time goes on a cold cache."""
+    slowest = sorted(_seconds_per_module.items(), key=lambda item: -item[1])[:15]
+    if slowest and slowest[0][1] >= 30:
+        terminalreporter.write_sep("-", "seconds per test module (slowest 15)")
+        for module, seconds in slowest:
+            terminalreporter.write_line(f"{seconds:8.1f}  {module}")
