@@ -1,8 +1,9 @@
-"""cholesky, lu and triangular_solve against jax.jit (LAPACK).
+"""cholesky, lu, triangular_solve and QR against jax.jit (LAPACK).
 
 juju-kernels-mojo's CPU kernels for float32/float64: batches, tails of the
 SIMD width, more than one block of right-hand sides, every trsm variant,
-rectangular and singular LU, potrf's NaNs on failure, and the programs built
+rectangular and singular LU, potrf's NaNs on failure, QR of tall, wide and
+batched matrices (dlarfg's special columns), and the programs built
 on them (solve, slogdet, inv, cho_solve, a GP likelihood's gradient). Also
 one of each of juju_ops_lax's loops (what GPU graphs and complex matrices
 use), with the mojo pack blocked. All graphs compile in ONE MAX compilation.
@@ -22,6 +23,7 @@ from jax import lax
 
 import juju
 from juju import plugins
+from juju.primitives import geqrf_p
 from tests.util import assert_same
 
 rng = np.random.default_rng(7)
@@ -77,6 +79,35 @@ def lu_cases(square, singular, wide, ties):
     }
 
 
+def qr_cases(tall, wide, special):
+    r, taus = geqrf_p.bind(tall)  # jax has no public geqrf
+    return {
+        "reduced": jnp.linalg.qr(tall),
+        "complete": jnp.linalg.qr(tall, mode="complete"),
+        "wide": jnp.linalg.qr(wide),
+        "r_only": jnp.linalg.qr(wide, mode="r"),
+        "geqrf": (r, taus),
+        "householder_product": lax.linalg.householder_product(r, taus),
+        # column 0 already triangular (tau = 0), alpha = -0.0 in column 1
+        # (beta takes alpha's sign bit), a NaN in column 2
+        "special": geqrf_p.bind(special),
+        "least_squares": _least_squares(tall[0], wide[0, :5].sum() + jnp.arange(40.0, dtype=tall.dtype)),
+    }
+
+
+def _least_squares(a, y):
+    q, r = jnp.linalg.qr(a)
+    return jsp.linalg.solve_triangular(r, q.T @ y, lower=False)
+
+
+def _special(dtype):
+    m = normal(7, 5, dtype=dtype)
+    m[1:, 0] = 0
+    m[1, 1] = -0.0
+    m[4, 2] = np.nan
+    return m
+
+
 def programs(a, spd_a, b, y):
     def nll(scale, y):
         k = spd_a * scale
@@ -120,6 +151,8 @@ def cases(dtype):
                                                   normal(2, N, 70, dtype=dtype))),
         "lu": (lu_cases, (normal(2, 3, N, N, dtype=dtype), _singular(dtype),
                           normal(2, 5, 9, dtype=dtype), _ties(dtype))),
+        "qr": (qr_cases, (normal(2, 40, N, dtype=dtype), normal(5, 9, dtype=dtype),
+                          _special(dtype))),
         "programs": (programs, (normal(N, N, dtype=dtype) + 4 * np.eye(N, dtype=dtype),
                                 spd(dtype=dtype), normal(N, 3, dtype=dtype),
                                 normal(N, dtype=dtype))),
@@ -193,6 +226,10 @@ def test_kernels_lower_the_factorizations():
               if c.primitive in ("cholesky", "lu", "triangular_solve")}
     assert chosen == {"cholesky": ("mojo", "lower_cholesky"), "lu": ("mojo", "lower_lu"),
                       "triangular_solve": ("mojo", "lower_triangular_solve")}
+    qr_choice = {c.primitive: (c.pack, c.rule) for c in juju.explain(jnp.linalg.qr, a)
+                 if c.primitive in ("geqrf", "householder_product")}
+    assert qr_choice == {"geqrf": ("mojo", "lower_geqrf"),
+                         "householder_product": ("mojo", "lower_householder_product")}
     complex_choice = {c.pack for c in juju.explain(jnp.linalg.cholesky, a.astype(np.complex64))
                       if c.primitive == "cholesky"}
     assert complex_choice == {"lax"}

@@ -1,11 +1,12 @@
-"""Kernels for lax's dense factorizations on the CPU: cholesky, lu and
-triangular_solve of float32/float64 matrices (linalg_kernels/linalg.mojo).
+"""Kernels for lax's dense factorizations on the CPU: cholesky, lu,
+triangular_solve, geqrf and householder_product (QR) of float32/float64
+matrices (linalg_kernels/linalg.mojo).
 
 juju_ops_lax lowers them as loops of MAX ops, one MAX loop iteration per
 column; at n = 64 that loop's per-iteration cost made a Cholesky ~90x
 slower than jax.jit's LAPACK call (issue 17). These kernels run the whole
 factorization, every matrix of a batch in parallel, with LAPACK's
-conventions (potrf's NaNs on failure, getrf's pivots). Registered at
+conventions (potrf's NaNs on failure, getrf's pivots, dlarfg's reflectors). Registered at
 `Priority.KERNEL` for CPU graphs; complex matrices and the GPU keep lax's
 rules. The kernels live in their own library, `juju_linalg`, so graphs
 that do not factorize anything keep their cache keys when it changes.
@@ -21,6 +22,7 @@ from max.graph import ops
 
 import juju
 from juju import primitives as P
+from juju.primitives import geqrf_p
 from juju_kernels_mojo import LINALG_LIBRARY
 from juju_kernels_mojo.lowering import call_kernel
 
@@ -91,3 +93,28 @@ def lower_lu(ctx, x):
     )
     return [ops.reshape(lu, lu_aval.shape), ops.reshape(pivots, pivots_aval.shape),
             ops.reshape(permutation, permutation_aval.shape)]
+
+
+@_register(geqrf_p)
+def lower_geqrf(ctx, x):
+    (aval,) = ctx.avals_in
+    r_aval, taus_aval = ctx.avals_out
+    batch, m, n = shape = _batched(aval.shape)
+    r, taus = call_kernel(
+        ctx, "juju_geqrf", ops.reshape(x, shape),
+        out_avals=[ShapeDtypeStruct(shape, aval.dtype),
+                   ShapeDtypeStruct((batch, min(m, n)), aval.dtype)],
+    )
+    return [ops.reshape(r, r_aval.shape), ops.reshape(taus, taus_aval.shape)]
+
+
+@_register(P.householder_product_p)
+def lower_householder_product(ctx, a, taus):
+    a_aval, taus_aval = ctx.avals_in
+    shape = _batched(a_aval.shape)
+    (q,) = call_kernel(
+        ctx, "juju_householder_product", ops.reshape(a, shape),
+        ops.reshape(taus, (shape[0], taus_aval.shape[-1])),
+        out_avals=[ShapeDtypeStruct(shape, a_aval.dtype)],
+    )
+    return ops.reshape(q, a_aval.shape)

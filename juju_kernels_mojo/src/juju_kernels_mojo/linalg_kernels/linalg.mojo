@@ -1,6 +1,6 @@
 # Dense factorizations and triangular solves on the CPU, one matrix per task
 # (batches in parallel), row-major, with LAPACK's conventions: potrf (lower),
-# trsm (left side) and getrf (partial pivoting). The rules in linalg_rules.py
+# trsm (left side), getrf (partial pivoting), geqrf and orgqr (Householder). The rules in linalg_rules.py
 # reshape batches to one leading axis and turn every trsm variant into a
 # left-side solve with an explicit triangle. The juju_ops_lax rules are loops
 # of MAX ops (one MAX loop iteration per column): these run without leaving
@@ -8,7 +8,7 @@
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
 from max.algorithm import sync_parallelize
-from std.math import isnan, sqrt
+from std.math import copysign, isnan, sqrt
 from std.utils import IndexList
 from std.utils.numerics import nan
 
@@ -222,5 +222,175 @@ struct LU:
                     while c < n:
                         ri[unsafe_offset=c] = ri[unsafe_offset=c] - l * rj[unsafe_offset=c]
                         c += 1
+
+        sync_parallelize(one, batch)
+
+
+# Householder reflectors H = I - tau v v^T (v[j] = 1, v below the diagonal
+# stored in column j) applied from the left to the columns [c0, n) of rows
+# [j, m) of a row-major matrix: w = v^T A, then A -= tau v w^T, in blocks of
+# 4 SIMD vectors of columns so that both passes read contiguous row pieces.
+@always_inline
+def _apply_reflector[
+    dtype: DType, W: Int
+](
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    v: Pointer[Scalar[dtype], ImmutAnyOrigin],
+    tau: Scalar[dtype],
+    j: Int,
+    c0: Int,
+    m: Int,
+    n: Int,
+    ldv: Int,
+):
+    comptime B = 4 * W
+    var c = c0
+    while c + B <= n:
+        var w0 = SIMD[dtype, W](0)
+        var w1 = SIMD[dtype, W](0)
+        var w2 = SIMD[dtype, W](0)
+        var w3 = SIMD[dtype, W](0)
+        for i in range(j, m):
+            var vi = Scalar[dtype](1) if i == j else v[unsafe_offset=i * ldv]
+            var row = a.unsafe_offset(i * n + c)
+            w0 += vi * row.unsafe_load[width=W]()
+            w1 += vi * row.unsafe_offset(W).unsafe_load[width=W]()
+            w2 += vi * row.unsafe_offset(2 * W).unsafe_load[width=W]()
+            w3 += vi * row.unsafe_offset(3 * W).unsafe_load[width=W]()
+        for i in range(j, m):
+            var s = tau * (Scalar[dtype](1) if i == j else v[unsafe_offset=i * ldv])
+            var row = a.unsafe_offset(i * n + c)
+            row.unsafe_store(row.unsafe_load[width=W]() - s * w0)
+            row.unsafe_offset(W).unsafe_store(row.unsafe_offset(W).unsafe_load[width=W]() - s * w1)
+            row.unsafe_offset(2 * W).unsafe_store(
+                row.unsafe_offset(2 * W).unsafe_load[width=W]() - s * w2
+            )
+            row.unsafe_offset(3 * W).unsafe_store(
+                row.unsafe_offset(3 * W).unsafe_load[width=W]() - s * w3
+            )
+        c += B
+    while c < n:
+        var w = Scalar[dtype](0)
+        for i in range(j, m):
+            var vi = Scalar[dtype](1) if i == j else v[unsafe_offset=i * ldv]
+            w += vi * a[unsafe_offset=i * n + c]
+        for i in range(j, m):
+            var vi = Scalar[dtype](1) if i == j else v[unsafe_offset=i * ldv]
+            a[unsafe_offset=i * n + c] = a[unsafe_offset=i * n + c] - tau * vi * w
+        c += 1
+
+
+@register("juju_geqrf")
+struct Geqrf:
+    """Geqrf: R on and above the diagonal, the reflectors' v below it, their
+    scales tau [batch, min(m, n)]; dlarfg's conventions (beta = -sign(alpha)
+    * norm with alpha's sign bit, tau = 0 where the column below the diagonal
+    is zero, the norms scaled so that they do not overflow)."""
+
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        r: OutputTensor[rank=3, ...],
+        taus: OutputTensor[dtype=r.dtype, rank=2, ...],
+        x: InputTensor[dtype=r.dtype, rank=3, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "juju_geqrf: CPU only"
+        comptime dtype = r.dtype
+        comptime assert dtype == DType.float32 or dtype == DType.float64, (
+            "juju_geqrf: unsupported dtype " + String(dtype)
+        )
+        comptime W = 16 if dtype == DType.float32 else 8
+        var batch = Int(x.dim_size(0))
+        var m = Int(x.dim_size(1))
+        var n = Int(x.dim_size(2))
+        var k = min(m, n)
+
+        def one(b: Int) {imm}:
+            var a = r.unsafe_ptr().unsafe_offset(b * m * n)
+            var tau_out = taus.unsafe_ptr().unsafe_offset(b * k)
+            for i in range(m):
+                for c in range(n):
+                    a[unsafe_offset=i * n + c] = x[b, i, c]
+            for j in range(k):
+                var alpha = a[unsafe_offset=j * n + j]
+                # dnrm2 of the column below the diagonal, scaled by its
+                # largest magnitude.
+                var scale = Scalar[dtype](0)
+                for i in range(j + 1, m):
+                    var v = abs(a[unsafe_offset=i * n + j])
+                    if v > scale or isnan(v):
+                        scale = v
+                var tau = Scalar[dtype](0)
+                if scale != 0:
+                    var ssq = Scalar[dtype](0)
+                    for i in range(j + 1, m):
+                        var v = a[unsafe_offset=i * n + j] / scale
+                        ssq += v * v
+                    var xnorm = scale * sqrt(ssq)
+                    # dlapy2(alpha, xnorm)
+                    var big = max(abs(alpha), xnorm)
+                    var small = min(abs(alpha), xnorm)
+                    var norm = big
+                    if isnan(alpha) or isnan(xnorm):
+                        norm = alpha + xnorm
+                    elif small != 0:
+                        var q = small / big
+                        norm = big * sqrt(1 + q * q)
+                    var beta = -copysign(norm, alpha)
+                    tau = (beta - alpha) / beta
+                    var inv = 1 / (alpha - beta)
+                    for i in range(j + 1, m):
+                        a[unsafe_offset=i * n + j] = a[unsafe_offset=i * n + j] * inv
+                    if j + 1 < n:
+                        _apply_reflector[dtype, W](
+                            a, a.unsafe_offset(j), tau, j, j + 1, m, n, n
+                        )
+                    a[unsafe_offset=j * n + j] = beta
+                tau_out[unsafe_offset=j] = tau
+
+        sync_parallelize(one, batch)
+
+
+@register("juju_householder_product")
+struct HouseholderProduct:
+    """Orgqr: Q [batch, m, n], the first n columns of H_0 H_1 ... H_{k-1}
+    for the reflectors below the diagonal of a [batch, m, n] (geqrf's
+    layout) and their scales [batch, k]."""
+
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        q: OutputTensor[rank=3, ...],
+        a: InputTensor[dtype=q.dtype, rank=3, ...],
+        taus: InputTensor[dtype=q.dtype, rank=2, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "juju_householder_product: CPU only"
+        comptime dtype = q.dtype
+        comptime assert dtype == DType.float32 or dtype == DType.float64, (
+            "juju_householder_product: unsupported dtype " + String(dtype)
+        )
+        comptime W = 16 if dtype == DType.float32 else 8
+        var batch = Int(a.dim_size(0))
+        var m = Int(a.dim_size(1))
+        var n = Int(a.dim_size(2))
+        var k = Int(taus.dim_size(1))
+
+        def one(b: Int) {imm}:
+            var out = q.unsafe_ptr().unsafe_offset(b * m * n)
+            var reflectors = a.unsafe_ptr().unsafe_offset(b * m * n)
+            for i in range(m):
+                for c in range(n):
+                    out[unsafe_offset=i * n + c] = Scalar[dtype](1) if i == c else Scalar[dtype](0)
+            # Backwards, as orgqr: H_j touches rows and columns >= j only
+            # (the columns left of j are still zero in those rows).
+            for step in range(k):
+                var j = k - 1 - step
+                _apply_reflector[dtype, W](
+                    out, reflectors.unsafe_offset(j), taus[b, j], j, j, m, n, n
+                )
 
         sync_parallelize(one, batch)
