@@ -117,37 +117,93 @@ struct TriangularSolve[lower: Bool, unit_diagonal: Bool]:
                 for c in range(c0, c1):
                     xs[unsafe_offset=i * k + c] = rhs[b, i, c]
             # Row i of X from the finished rows: B(i) - sum T(i, p) X(p), in
-            # the order reference trsm subtracts them.
+            # the order reference trsm subtracts them; a piece of 4 vectors
+            # of row i stays in registers while every finished row is
+            # subtracted from it.
             for step in range(m):
                 var i = step if Self.lower else m - 1 - step
                 var xi = xs.unsafe_offset(i * k)
-                for q in range(i if Self.lower else m - 1 - i):
-                    var p = q if Self.lower else m - 1 - q
-                    var tip = t[b, i, p]
-                    var xp = xs.unsafe_offset(p * k)
-                    var c = c0
-                    while c + W <= c1:
-                        xi.unsafe_offset(c).unsafe_store(
-                            xi.unsafe_offset(c).unsafe_load[width=W]()
-                            - tip * xp.unsafe_offset(c).unsafe_load[width=W]()
-                        )
-                        c += W
-                    while c < c1:
-                        xi[unsafe_offset=c] = xi[unsafe_offset=c] - tip * xp[unsafe_offset=c]
-                        c += 1
+                var finished = i if Self.lower else m - 1 - i
+                var d = Scalar[dtype](1)
                 comptime if not Self.unit_diagonal:
-                    var d = t[b, i, i]
-                    for c in range(c0, c1):
-                        xi[unsafe_offset=c] = xi[unsafe_offset=c] / d
+                    d = t[b, i, i]
+                var c = c0
+                while c + 4 * W <= c1:
+                    var v0 = xi.unsafe_offset(c).unsafe_load[width=W]()
+                    var v1 = xi.unsafe_offset(c + W).unsafe_load[width=W]()
+                    var v2 = xi.unsafe_offset(c + 2 * W).unsafe_load[width=W]()
+                    var v3 = xi.unsafe_offset(c + 3 * W).unsafe_load[width=W]()
+                    for q in range(finished):
+                        var p = q if Self.lower else m - 1 - q
+                        var tip = t[b, i, p]
+                        var xp = xs.unsafe_offset(p * k + c)
+                        v0 = v0 - tip * xp.unsafe_load[width=W]()
+                        v1 = v1 - tip * xp.unsafe_offset(W).unsafe_load[width=W]()
+                        v2 = v2 - tip * xp.unsafe_offset(2 * W).unsafe_load[width=W]()
+                        v3 = v3 - tip * xp.unsafe_offset(3 * W).unsafe_load[width=W]()
+                    comptime if not Self.unit_diagonal:
+                        v0 = v0 / d
+                        v1 = v1 / d
+                        v2 = v2 / d
+                        v3 = v3 / d
+                    xi.unsafe_offset(c).unsafe_store(v0)
+                    xi.unsafe_offset(c + W).unsafe_store(v1)
+                    xi.unsafe_offset(c + 2 * W).unsafe_store(v2)
+                    xi.unsafe_offset(c + 3 * W).unsafe_store(v3)
+                    c += 4 * W
+                while c < c1:
+                    var v = xi[unsafe_offset=c]
+                    for q in range(finished):
+                        var p = q if Self.lower else m - 1 - q
+                        v = v - t[b, i, p] * xs[unsafe_offset=p * k + c]
+                    comptime if not Self.unit_diagonal:
+                        v = v / d
+                    xi[unsafe_offset=c] = v
+                    c += 1
 
         sync_parallelize(one, batch * blocks)
+
+
+# Rows [i0, i1) of getrf's trailing matrix, columns [c0, n): subtract
+# L(i, j0 + q) U(j0 + q, :) for q < min(jb, i - j0) (the panel's rows take
+# the multipliers left of their diagonal only), one q after the other (the order an
+# unblocked right-looking getrf subtracts them in, so blocking does not
+# change a bit), with each row piece held in registers for all jb updates.
+@always_inline
+def _lu_update_rows[
+    dtype: DType, W: Int
+](a: Pointer[Scalar[dtype], MutAnyOrigin], i0: Int, i1: Int, j0: Int, jb: Int, c0: Int, n: Int):
+    for i in range(i0, i1):
+        var ri = a.unsafe_offset(i * n)
+        var qs = min(jb, i - j0)
+        var c = c0
+        while c + 2 * W <= n:
+            var v0 = ri.unsafe_offset(c).unsafe_load[width=W]()
+            var v1 = ri.unsafe_offset(c + W).unsafe_load[width=W]()
+            for q in range(qs):
+                var l = ri[unsafe_offset=j0 + q]
+                var u = a.unsafe_offset((j0 + q) * n + c)
+                v0 = v0 - l * u.unsafe_load[width=W]()
+                v1 = v1 - l * u.unsafe_offset(W).unsafe_load[width=W]()
+            ri.unsafe_offset(c).unsafe_store(v0)
+            ri.unsafe_offset(c + W).unsafe_store(v1)
+            c += 2 * W
+        while c < n:
+            var v = ri[unsafe_offset=c]
+            for q in range(qs):
+                v = v - ri[unsafe_offset=j0 + q] * a[unsafe_offset=(j0 + q) * n + c]
+            ri[unsafe_offset=c] = v
+            c += 1
 
 
 @register("juju_lu")
 struct LU:
     """Getrf: L (unit diagonal, below) and U in one matrix [batch, m, n], the
     0-based pivot rows [batch, min(m, n)] and the permutation [batch, m]
-    (int32) that jax derives from them."""
+    (int32) that jax derives from them. Blocked by PANEL columns: a panel is
+    factorized unblocked, then U's rows right of it, then one pass over the
+    trailing matrix (in parallel over rows for a single large matrix) takes
+    the panel's PANEL updates at once."""
 
     @staticmethod
     def execute[
@@ -165,6 +221,8 @@ struct LU:
             "juju_lu: unsupported dtype " + String(dtype)
         )
         comptime W = 16 if dtype == DType.float32 else 8
+        comptime PANEL = 8
+        comptime ROWS_PER_TASK = 32
         var batch = Int(x.dim_size(0))
         var m = Int(x.dim_size(1))
         var n = Int(x.dim_size(2))
@@ -172,7 +230,7 @@ struct LU:
         # LAPACK scales by the reciprocal unless it would overflow.
         var smallest_normal = Scalar[dtype](1.1754943508222875e-38) if dtype == DType.float32 else Scalar[dtype](2.2250738585072014e-308)
 
-        def one(b: Int) {imm}:
+        def factor(b: Int, split_rows: Bool) {imm}:
             var a = lu.unsafe_ptr().unsafe_offset(b * m * n)
             var piv = pivots.unsafe_ptr().unsafe_offset(b * r)
             var perm = permutation.unsafe_ptr().unsafe_offset(b * m)
@@ -180,56 +238,74 @@ struct LU:
                 perm[unsafe_offset=i] = Int32(i)
                 for j in range(n):
                     a[unsafe_offset=i * n + j] = x[b, i, j]
-            for j in range(r):
-                # idamax: the first row of largest magnitude (NaN never wins).
-                var p = j
-                var best = abs(a[unsafe_offset=j * n + j])
-                for i in range(j + 1, m):
-                    var v = abs(a[unsafe_offset=i * n + j])
-                    if v > best:
-                        best = v
-                        p = i
-                piv[unsafe_offset=j] = Int32(p)
-                if p != j:
-                    for c in range(n):
-                        var tmp = a[unsafe_offset=j * n + c]
-                        a[unsafe_offset=j * n + c] = a[unsafe_offset=p * n + c]
-                        a[unsafe_offset=p * n + c] = tmp
-                    var tp = perm[unsafe_offset=j]
-                    perm[unsafe_offset=j] = perm[unsafe_offset=p]
-                    perm[unsafe_offset=p] = tp
-                var d = a[unsafe_offset=j * n + j]
-                if d != 0:
-                    if abs(d) >= smallest_normal:
-                        var inv = 1 / d
-                        for i in range(j + 1, m):
-                            a[unsafe_offset=i * n + j] = a[unsafe_offset=i * n + j] * inv
-                    else:
-                        for i in range(j + 1, m):
-                            a[unsafe_offset=i * n + j] = a[unsafe_offset=i * n + j] / d
-                # Rank-1 update of the trailing rows, a contiguous axpy each.
-                var rj = a.unsafe_offset(j * n)
-                for i in range(j + 1, m):
-                    var ri = a.unsafe_offset(i * n)
-                    var l = ri[unsafe_offset=j]
-                    var c = j + 1
-                    while c + W <= n:
-                        ri.unsafe_offset(c).unsafe_store(
-                            ri.unsafe_offset(c).unsafe_load[width=W]()
-                            - l * rj.unsafe_offset(c).unsafe_load[width=W]()
-                        )
-                        c += W
-                    while c < n:
-                        ri[unsafe_offset=c] = ri[unsafe_offset=c] - l * rj[unsafe_offset=c]
-                        c += 1
+            for j0 in range(0, r, PANEL):
+                var jb = min(PANEL, r - j0)
+                var c_end = j0 + jb  # the panel's columns: [j0, c_end)
+                for j in range(j0, c_end):
+                    # idamax: the first row of largest magnitude (NaN never wins).
+                    var p = j
+                    var best = abs(a[unsafe_offset=j * n + j])
+                    for i in range(j + 1, m):
+                        var v = abs(a[unsafe_offset=i * n + j])
+                        if v > best:
+                            best = v
+                            p = i
+                    piv[unsafe_offset=j] = Int32(p)
+                    if p != j:
+                        for c in range(n):
+                            var tmp = a[unsafe_offset=j * n + c]
+                            a[unsafe_offset=j * n + c] = a[unsafe_offset=p * n + c]
+                            a[unsafe_offset=p * n + c] = tmp
+                        var tp = perm[unsafe_offset=j]
+                        perm[unsafe_offset=j] = perm[unsafe_offset=p]
+                        perm[unsafe_offset=p] = tp
+                    var d = a[unsafe_offset=j * n + j]
+                    if d != 0:
+                        if abs(d) >= smallest_normal:
+                            var inv = 1 / d
+                            for i in range(j + 1, m):
+                                a[unsafe_offset=i * n + j] = a[unsafe_offset=i * n + j] * inv
+                        else:
+                            for i in range(j + 1, m):
+                                a[unsafe_offset=i * n + j] = a[unsafe_offset=i * n + j] / d
+                    # The rest of the panel's columns now; the columns right
+                    # of the panel wait for its last column.
+                    for i in range(j + 1, m):
+                        var l = a[unsafe_offset=i * n + j]
+                        for c in range(j + 1, c_end):
+                            a[unsafe_offset=i * n + c] = a[unsafe_offset=i * n + c] - l * a[unsafe_offset=j * n + c]
+                if c_end >= n:
+                    continue
+                # U's rows of the panel, right of it; then the trailing rows.
+                _lu_update_rows[dtype, W](a, j0 + 1, c_end, j0, jb, c_end, n)
+                var rows = m - c_end
+                var tasks = (rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+                if split_rows and tasks > 1 and rows * (n - c_end) >= 1 << 15:
 
-        sync_parallelize(one, batch)
+                    def update(task: Int) {imm}:
+                        var i0 = c_end + task * ROWS_PER_TASK
+                        _lu_update_rows[dtype, W](
+                            a, i0, min(i0 + ROWS_PER_TASK, m), j0, jb, c_end, n
+                        )
+
+                    sync_parallelize(update, tasks)
+                else:
+                    _lu_update_rows[dtype, W](a, c_end, m, j0, jb, c_end, n)
+
+        def one(b: Int) {imm}:
+            factor(b, False)
+
+        if batch == 1:
+            factor(0, True)
+        else:
+            sync_parallelize(one, batch)
 
 
 # Householder reflectors H = I - tau v v^T (v[j] = 1, v below the diagonal
-# stored in column j) applied from the left to the columns [c0, n) of rows
-# [j, m) of a row-major matrix: w = v^T A, then A -= tau v w^T, in blocks of
-# 4 SIMD vectors of columns so that both passes read contiguous row pieces.
+# stored in column j) applied from the left to the columns [c0, c1) of rows
+# [j, m) of a row-major matrix with n columns: w = v^T A, then A -= tau v w^T,
+# in blocks of 4 SIMD vectors of columns so that both passes read contiguous
+# row pieces. Column blocks are independent: tasks may split [c0, c1).
 @always_inline
 def _apply_reflector[
     dtype: DType, W: Int
@@ -239,13 +315,14 @@ def _apply_reflector[
     tau: Scalar[dtype],
     j: Int,
     c0: Int,
+    c1: Int,
     m: Int,
     n: Int,
     ldv: Int,
 ):
     comptime B = 4 * W
     var c = c0
-    while c + B <= n:
+    while c + B <= c1:
         var w0 = SIMD[dtype, W](0)
         var w1 = SIMD[dtype, W](0)
         var w2 = SIMD[dtype, W](0)
@@ -269,7 +346,7 @@ def _apply_reflector[
                 row.unsafe_offset(3 * W).unsafe_load[width=W]() - s * w3
             )
         c += B
-    while c < n:
+    while c < c1:
         var w = Scalar[dtype](0)
         for i in range(j, m):
             var vi = Scalar[dtype](1) if i == j else v[unsafe_offset=i * ldv]
@@ -278,6 +355,18 @@ def _apply_reflector[
             var vi = Scalar[dtype](1) if i == j else v[unsafe_offset=i * ldv]
             a[unsafe_offset=i * n + c] = a[unsafe_offset=i * n + c] - tau * vi * w
         c += 1
+
+
+comptime COLUMNS_PER_TASK = 128
+
+
+@always_inline
+def _column_tasks(split: Bool, rows: Int, c0: Int, n: Int) -> Int:
+    """Tasks of COLUMNS_PER_TASK columns for one reflection of a single
+    large matrix (a batch runs its matrices in parallel instead)."""
+    if not split or rows * (n - c0) < 1 << 15:
+        return 1
+    return (n - c0 + COLUMNS_PER_TASK - 1) // COLUMNS_PER_TASK
 
 
 @register("juju_geqrf")
@@ -307,7 +396,7 @@ struct Geqrf:
         var n = Int(x.dim_size(2))
         var k = min(m, n)
 
-        def one(b: Int) {imm}:
+        def factor(b: Int, split: Bool) {imm}:
             var a = r.unsafe_ptr().unsafe_offset(b * m * n)
             var tau_out = taus.unsafe_ptr().unsafe_offset(b * k)
             for i in range(m):
@@ -344,13 +433,29 @@ struct Geqrf:
                     for i in range(j + 1, m):
                         a[unsafe_offset=i * n + j] = a[unsafe_offset=i * n + j] * inv
                     if j + 1 < n:
-                        _apply_reflector[dtype, W](
-                            a, a.unsafe_offset(j), tau, j, j + 1, m, n, n
-                        )
+                        var v = a.unsafe_offset(j)
+                        var tasks = _column_tasks(split, m - j, j + 1, n)
+                        if tasks > 1:
+
+                            def reflect(task: Int) {imm}:
+                                var c = j + 1 + task * COLUMNS_PER_TASK
+                                _apply_reflector[dtype, W](
+                                    a, v, tau, j, c, min(c + COLUMNS_PER_TASK, n), m, n, n
+                                )
+
+                            sync_parallelize(reflect, tasks)
+                        else:
+                            _apply_reflector[dtype, W](a, v, tau, j, j + 1, n, m, n, n)
                     a[unsafe_offset=j * n + j] = beta
                 tau_out[unsafe_offset=j] = tau
 
-        sync_parallelize(one, batch)
+        def one(b: Int) {imm}:
+            factor(b, False)
+
+        if batch == 1:
+            factor(0, True)
+        else:
+            sync_parallelize(one, batch)
 
 
 @register("juju_householder_product")
@@ -379,7 +484,7 @@ struct HouseholderProduct:
         var n = Int(a.dim_size(2))
         var k = Int(taus.dim_size(1))
 
-        def one(b: Int) {imm}:
+        def build(b: Int, split: Bool) {imm}:
             var out = q.unsafe_ptr().unsafe_offset(b * m * n)
             var reflectors = a.unsafe_ptr().unsafe_offset(b * m * n)
             for i in range(m):
@@ -389,8 +494,25 @@ struct HouseholderProduct:
             # (the columns left of j are still zero in those rows).
             for step in range(k):
                 var j = k - 1 - step
-                _apply_reflector[dtype, W](
-                    out, reflectors.unsafe_offset(j), taus[b, j], j, j, m, n, n
-                )
+                var v = reflectors.unsafe_offset(j)
+                var tau = taus[b, j]
+                var tasks = _column_tasks(split, m - j, j, n)
+                if tasks > 1:
 
-        sync_parallelize(one, batch)
+                    def reflect(task: Int) {imm}:
+                        var c = j + task * COLUMNS_PER_TASK
+                        _apply_reflector[dtype, W](
+                            out, v, tau, j, c, min(c + COLUMNS_PER_TASK, n), m, n, n
+                        )
+
+                    sync_parallelize(reflect, tasks)
+                else:
+                    _apply_reflector[dtype, W](out, v, tau, j, j, n, m, n, n)
+
+        def one(b: Int) {imm}:
+            build(b, False)
+
+        if batch == 1:
+            build(0, True)
+        else:
+            sync_parallelize(one, batch)
