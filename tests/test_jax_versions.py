@@ -3,7 +3,8 @@
 jax 0.11 and 0.12 added primitives that 0.10 spells with others: `log2` (0.10:
 log / log 2), `one_minus_square` (in the derivatives of tanh, asin, acos,
 atanh), and in 0.12 `polynomial` (jnp.polyval, Horner's rule). From 0.11 the
-params of control flow changed too. The same programs run on
+params of control flow changed too, and in 0.12 top_k's (`axis`,
+`is_stable`). The same programs run on
 every release; where the installed jax has a primitive, the test also proves
 that it reached juju. One MAX compilation for all cases.
 """
@@ -51,6 +52,11 @@ def control_flow(x, n):
     return carry, ys, total, picked
 
 
+def top_ks(x):
+    # ties (ranked by index) and signed zeros; jax 0.12 binds axis and is_stable
+    return jax.lax.top_k(x, 3), jax.lax.top_k(x.T, 2)
+
+
 _rng = np.random.default_rng(0)
 X = np.array([0.0, 1e-3, 0.25, 0.5, 0.99, 1.0, 2.0, 1e30, np.inf, np.nan, -1.0], np.float32)
 Z = (_rng.standard_normal(5) + 1j * _rng.standard_normal(5)).astype(np.complex64)
@@ -61,6 +67,7 @@ CASES = {
     "polyval": (polyvals, (U, np.float32([2, -1, 0.5]), _rng.standard_normal(11).astype(np.float32)),
                 _compat.polynomial_p),
     "control_flow": (control_flow, (U, np.int32(4)), None),
+    "top_k": (top_ks, (np.float32([[1, 3, 3, 2, 3], [0, 0, -0.0, 1, -0.0]]),), None),
 }
 JITTED = {name: juju.jit(fn) for name, (fn, _, _) in CASES.items()}
 

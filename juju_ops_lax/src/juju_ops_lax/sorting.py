@@ -124,7 +124,9 @@ def lower_sort(ctx, *operands, dimension, is_stable, num_keys):
 
 
 @rules.register(P.top_k_p)
-def lower_top_k(ctx, operand, *dyn, k, axis=-1):
+def lower_top_k(ctx, operand, *dyn, k, axis=-1, is_stable=True):
+    # jax 0.12's is_stable=False allows any order of ties; the ranking below is
+    # always stable (ties by lower index, as XLA's CPU top_k), which is one of them.
     shape = list(ctx.avals_in[0].shape)
     rank = len(shape)
     axis = axis % rank
