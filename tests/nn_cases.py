@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+import pytest
 
 import juju
 
@@ -27,6 +28,10 @@ class Case:
     rtol: float = 1e-4
     atol: float = 1e-4
     expect_in_graph: tuple[str, ...] = ()  # substrings the MAX graph text must hold
+    full: bool = False  # in the full tier only (`pytest -m full`): a variant CI can spare
+
+    def param(self):
+        return pytest.param(self.name, id=self.name, marks=[pytest.mark.full] if self.full else [])
 
 
 @dataclass

@@ -47,3 +47,12 @@ def fused_softmax_op() -> str:
 
     loaded = {p.name for p in juju.plugins.packs() if p.loaded}
     return "juju_row_softmax" if "mojo" in loaded else "mo.reduce.softmax"
+
+
+def selected(request, argname: str) -> set:
+    """The values of `argname` among this module's tests that the session
+    runs (after -m and -k): a module fixture compiles only those, so the
+    cases marked `full` cost CI nothing."""
+    return {item.callspec.params[argname] for item in request.session.items
+            if item.module is request.module and hasattr(item, "callspec")
+            and argname in item.callspec.params}

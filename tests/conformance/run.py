@@ -359,6 +359,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.conformance.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--groups", help="comma-separated group names (default: all)")
+    p.add_argument("--exclude-groups", help="comma-separated group names to leave out")
     p.add_argument("--sample", type=int, help="N harnesses per group, fixed choice")
     p.add_argument("--full", action="store_true", help="every harness (the default "
                    "when neither --sample nor --groups is given)")
@@ -393,6 +394,9 @@ def main(argv=None) -> int:
         names = sample(args.sample, groups)
     else:
         names = [n for g, n in listing() if groups is None or g in groups]
+    if args.exclude_groups:
+        left_out = {n for g, n in listing() if g in set(args.exclude_groups.split(","))}
+        names = [n for n in names if n not in left_out]
     if args.match:
         names = [n for n in names if args.match in n]
     if args.exclude:
@@ -400,7 +404,8 @@ def main(argv=None) -> int:
     if args.names:
         wanted = set(json.loads(Path(args.names).read_text()))
         names = [n for n in names if n in wanted]
-    full = not (args.sample or args.groups or args.match or args.exclude or args.names)
+    full = not (args.sample or args.groups or args.match or args.exclude or args.names
+                or args.exclude_groups)
     if args.list:
         print(json.dumps(names))
         return 0
