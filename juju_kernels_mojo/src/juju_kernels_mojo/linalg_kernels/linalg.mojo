@@ -188,6 +188,12 @@ def _lu_update_rows[
             ri.unsafe_offset(c).unsafe_store(v0)
             ri.unsafe_offset(c + W).unsafe_store(v1)
             c += 2 * W
+        if c + W <= n:
+            var v0 = ri.unsafe_offset(c).unsafe_load[width=W]()
+            for q in range(qs):
+                v0 = v0 - ri[unsafe_offset=j0 + q] * a.unsafe_offset((j0 + q) * n + c).unsafe_load[width=W]()
+            ri.unsafe_offset(c).unsafe_store(v0)
+            c += W
         while c < n:
             var v = ri[unsafe_offset=c]
             for q in range(qs):
@@ -280,7 +286,7 @@ struct LU:
                 _lu_update_rows[dtype, W](a, j0 + 1, c_end, j0, jb, c_end, n)
                 var rows = m - c_end
                 var tasks = (rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-                if split_rows and tasks > 1 and rows * (n - c_end) >= 1 << 15:
+                if split_rows and tasks > 1 and rows * (n - c_end) >= 1 << 16:
 
                     def update(task: Int) {imm}:
                         var i0 = c_end + task * ROWS_PER_TASK
@@ -346,15 +352,28 @@ def _apply_reflector[
                 row.unsafe_offset(3 * W).unsafe_load[width=W]() - s * w3
             )
         c += B
-    while c < c1:
-        var w = Scalar[dtype](0)
+    while c + W <= c1:
+        var w = SIMD[dtype, W](0)
         for i in range(j, m):
             var vi = Scalar[dtype](1) if i == j else v[unsafe_offset=i * ldv]
-            w += vi * a[unsafe_offset=i * n + c]
+            w += vi * a.unsafe_offset(i * n + c).unsafe_load[width=W]()
+        for i in range(j, m):
+            var s = tau * (Scalar[dtype](1) if i == j else v[unsafe_offset=i * ldv])
+            var row = a.unsafe_offset(i * n + c)
+            row.unsafe_store(row.unsafe_load[width=W]() - s * w)
+        c += W
+    # The last columns (fewer than W): still a row piece at a time.
+    var rest = c1 - c
+    if rest > 0:
+        var w = SIMD[dtype, W](0)
         for i in range(j, m):
             var vi = Scalar[dtype](1) if i == j else v[unsafe_offset=i * ldv]
-            a[unsafe_offset=i * n + c] = a[unsafe_offset=i * n + c] - tau * vi * w
-        c += 1
+            for t in range(rest):
+                w[t] += vi * a[unsafe_offset=i * n + c + t]
+        for i in range(j, m):
+            var s = tau * (Scalar[dtype](1) if i == j else v[unsafe_offset=i * ldv])
+            for t in range(rest):
+                a[unsafe_offset=i * n + c + t] = a[unsafe_offset=i * n + c + t] - s * w[t]
 
 
 comptime COLUMNS_PER_TASK = 128
@@ -364,7 +383,9 @@ comptime COLUMNS_PER_TASK = 128
 def _column_tasks(split: Bool, rows: Int, c0: Int, n: Int) -> Int:
     """Tasks of COLUMNS_PER_TASK columns for one reflection of a single
     large matrix (a batch runs its matrices in parallel instead)."""
-    if not split or rows * (n - c0) < 1 << 15:
+    # A parallel launch per reflection costs tens of microseconds: worth it
+    # only for reflections of 2^18 elements or more (n >= 512).
+    if not split or rows * (n - c0) < 1 << 18:
         return 1
     return (n - c0 + COLUMNS_PER_TASK - 1) // COLUMNS_PER_TASK
 
