@@ -78,7 +78,10 @@ struct Cholesky:
                 for e in range(n * n):
                     a[unsafe_offset=e] = nan[dtype]()
 
-        sync_parallelize(one, batch)
+        if batch == 1:  # no worker thread to wake for one matrix
+            one(0)
+        else:
+            sync_parallelize(one, batch)
 
 
 @register("juju_triangular_solve")
@@ -161,7 +164,10 @@ struct TriangularSolve[lower: Bool, unit_diagonal: Bool]:
                     xi[unsafe_offset=c] = v
                     c += 1
 
-        sync_parallelize(one, batch * blocks)
+        if batch * blocks == 1:
+            one(0)
+        else:
+            sync_parallelize(one, batch * blocks)
 
 
 # Rows [i0, i1) of getrf's trailing matrix, columns [c0, n): subtract
