@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
-import pytest
 
 import juju
+from tests.util import param
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Case:
     full: bool = False  # in the full tier only (`pytest -m full`): a variant CI can spare
 
     def param(self):
-        return pytest.param(self.name, id=self.name, marks=[pytest.mark.full] if self.full else [])
+        return param(self.name, id=self.name, full=self.full)
 
 
 @dataclass

@@ -10,7 +10,7 @@ import pytest
 from jax import lax
 
 import juju
-from tests.util import assert_same, selected
+from tests.util import assert_same, param, selected
 
 rng = np.random.RandomState(7)
 
@@ -94,8 +94,7 @@ def outputs(request):
     return jax.jit(_all(names))(*flat), juju.jit(_all(names))(*flat)
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.full] if name in FULL else [])
-                                  for name in CASES])
+@pytest.mark.parametrize("name", [param(name, full=name in FULL) for name in CASES])
 def test_complex_matches_jax(outputs, name):
     expected, got = outputs
     assert_same(got[name], expected[name])

@@ -24,7 +24,7 @@ from jax import lax
 import juju
 from juju import plugins
 from juju.primitives import geqrf_p
-from tests.util import assert_same
+from tests.util import assert_same, param, selected
 
 rng = np.random.default_rng(7)
 N = 37  # not a multiple of the kernels' SIMD widths
@@ -195,15 +195,13 @@ FULL = {(name, "float64") for name in ("factorizations", "triangular_solves", "l
 
 
 def _params():
-    return [pytest.param("mojo", *key, marks=[pytest.mark.full] if key in FULL else [])
-            for key in CASES] + [("lax", *key) for key in LAX_CASES]
+    return [param("mojo", *key, full=key in FULL) for key in CASES] + [
+        ("lax", *key) for key in LAX_CASES]
 
 
 @pytest.fixture(scope="module")
 def compiled(request):
-    runs = {(item.callspec.params["name"], item.callspec.params["dtype"])
-            for item in request.session.items
-            if item.module is request.module and hasattr(item, "callspec")}
+    runs = selected(request, "name", "dtype")
     lowered = {("mojo", *key): _lower(*CASES[key]) for key in CASES if key in runs}
     saved = os.environ.get("JUJU_BLOCK_PLUGINS")
     os.environ["JUJU_BLOCK_PLUGINS"] = "mojo"

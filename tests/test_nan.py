@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from tests.util import assert_same
+from tests.util import assert_same, selected
 
 NAN, INF = np.nan, np.inf
 X = [NAN, 1.0, INF, -INF, 0.0, -0.0, -1.0, 2.0, NAN, 3.0, -NAN, 0.5]
@@ -155,9 +155,7 @@ FULL_DTYPES = ("float16", "bfloat16")
 
 @pytest.fixture(scope="module", autouse=True)
 def compiled(request):
-    runs = {(item.callspec.params["case"], item.callspec.params["dtype_name"])
-            for item in request.session.items
-            if item.module is request.module and hasattr(item, "callspec")}
+    runs = selected(request, "case", "dtype_name")
     lowered = []
     for case, dtype_name in PARAMS:
         if (case, dtype_name) not in runs and (case, dtype_name) != ("stops_at_nan", "float32"):

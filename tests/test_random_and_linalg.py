@@ -13,7 +13,7 @@ import pytest
 from jax import lax, random
 
 import juju
-from tests.util import assert_same, selected
+from tests.util import assert_same, param, selected
 
 rng = np.random.default_rng(0)
 
@@ -137,8 +137,7 @@ def compiled(request):
     return dict(zip(lowered, juju.compile_all(list(lowered.values()))))
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.full] if name in FULL else [])
-                                  for name in CASES])
+@pytest.mark.parametrize("name", [param(name, full=name in FULL) for name in CASES])
 def test_matches_jax(compiled, name):
     fn, args = CASES[name]
     got, expected = compiled[name](*args), jax.jit(fn)(*args)

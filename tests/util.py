@@ -49,10 +49,19 @@ def fused_softmax_op() -> str:
     return "juju_row_softmax" if "mojo" in loaded else "mo.reduce.softmax"
 
 
-def selected(request, argname: str) -> set:
-    """The values of `argname` among this module's tests that the session
-    runs (after -m and -k): a module fixture compiles only those, so the
-    cases marked `full` cost CI nothing."""
-    return {item.callspec.params[argname] for item in request.session.items
+def selected(request, *argnames: str) -> set:
+    """The values of `argnames` (one: the value; several: a tuple) among this
+    module's tests that the session runs (after -m and -k): a module fixture
+    compiles only those, so the cases marked `full` cost CI nothing."""
+    return {item.callspec.params[argnames[0]] if len(argnames) == 1
+            else tuple(item.callspec.params[name] for name in argnames)
+            for item in request.session.items
             if item.module is request.module and hasattr(item, "callspec")
-            and argname in item.callspec.params}
+            and all(name in item.callspec.params for name in argnames)}
+
+
+def param(*values, full: bool = False, marks=(), **kwargs):
+    """`pytest.param` of a case, marked `full` (the full tier only) if asked."""
+    import pytest
+
+    return pytest.param(*values, marks=[*marks, *([pytest.mark.full] if full else [])], **kwargs)

@@ -395,7 +395,8 @@ def main(argv=None) -> int:
     else:
         names = [n for g, n in listing() if groups is None or g in groups]
     if args.exclude_groups:
-        left_out = {n for g, n in listing() if g in set(args.exclude_groups.split(","))}
+        excluded = set(args.exclude_groups.split(","))
+        left_out = {n for g, n in listing() if g in excluded}
         names = [n for n in names if n not in left_out]
     if args.match:
         names = [n for n in names if args.match in n]

@@ -15,6 +15,7 @@ import pytest
 
 from tests.programs.registry import load_all
 from tests.programs.runner import run_programs
+from tests.util import selected
 
 PROGRAMS = load_all()
 
@@ -28,9 +29,8 @@ def _param(program):
 
 @pytest.fixture(scope="module")
 def outcomes(request):
-    selected = [item.callspec.params["name"] for item in request.session.items
-                if item.module is request.module and hasattr(item, "callspec")]
-    return run_programs([PROGRAMS[name] for name in selected])
+    names = selected(request, "name")
+    return run_programs([program for name, program in PROGRAMS.items() if name in names])
 
 
 @pytest.mark.parametrize("name", [_param(p) for p in PROGRAMS.values()])
