@@ -220,6 +220,18 @@ def wheels(env: Env, args: list[str]) -> int:
     return 0
 
 
+def _parallel(pytest_args: list[str]) -> list[str]:
+    """pytest-xdist options for the fast tier: a worker per core (at most 4:
+    each holds MAX and jax), whole modules per worker (their fixtures compile
+    one batch of graphs each). A cold MAX compile leaves part of the second
+    core idle (the Python side of a test module is one thread), so two
+    modules at once fill it. `-n 0` (or `-p no:xdist`) runs serially."""
+    if any(a == "-n" or a.startswith(("-n", "--numprocesses")) or a == "no:xdist"
+           for a in pytest_args):
+        return []
+    return ["-n", str(min(os.cpu_count() or 1, 4)), "--dist", "loadfile"]
+
+
 def _wheel_problems(wheel_files: list[Path]) -> list[str]:
     problems = []
     for path in wheel_files:
@@ -271,7 +283,8 @@ def main(argv: list[str]) -> int:
         return env.run(["examples/basic.py", *rest])
     if command == "test":
         env.ensure(_program_requirements(env.python))  # CI's subset of the real-programs tier
-        return env.run(["-m", "pytest", "-m", "not full and not programs and not fuzz", *rest])
+        return env.run(["-m", "pytest", "-m", "not full and not programs and not fuzz",
+                        *_parallel(rest), *rest])
     if command == "programs":
         env.ensure(_program_requirements(env.python))
         return env.run(["-m", "pytest", "tests/programs", *rest])

@@ -12,7 +12,6 @@ use), with the mojo pack blocked. All graphs compile in ONE MAX compilation.
 from __future__ import annotations
 
 import itertools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -22,9 +21,8 @@ import pytest
 from jax import lax
 
 import juju
-from juju import plugins
 from juju.primitives import geqrf_p
-from tests.util import assert_same, param, selected
+from tests.util import assert_same, packs_blocked, param, selected
 
 rng = np.random.default_rng(7)
 N = 37  # not a multiple of the kernels' SIMD widths
@@ -203,17 +201,8 @@ def _params():
 def compiled(request):
     runs = selected(request, "name", "dtype")
     lowered = {("mojo", *key): _lower(*CASES[key]) for key in CASES if key in runs}
-    saved = os.environ.get("JUJU_BLOCK_PLUGINS")
-    os.environ["JUJU_BLOCK_PLUGINS"] = "mojo"
-    plugins.reload()
-    try:
+    with packs_blocked("mojo"):
         lowered.update({("lax", *key): _lower(*case) for key, case in LAX_CASES.items()})
-    finally:
-        if saved is None:
-            del os.environ["JUJU_BLOCK_PLUGINS"]
-        else:
-            os.environ["JUJU_BLOCK_PLUGINS"] = saved
-        plugins.reload()
     return dict(zip(lowered, juju.compile_all(list(lowered.values()))))
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import jax
 import numpy as np
 
@@ -65,3 +68,22 @@ def param(*values, full: bool = False, marks=(), **kwargs):
     import pytest
 
     return pytest.param(*values, marks=[*marks, *([pytest.mark.full] if full else [])], **kwargs)
+
+
+@contextlib.contextmanager
+def packs_blocked(*names: str):
+    """Lower with these packs blocked (`JUJU_BLOCK_PLUGINS`), e.g. juju_ops_lax's
+    loops with the mojo pack's kernels out of the way."""
+    from juju import plugins
+
+    saved = os.environ.get("JUJU_BLOCK_PLUGINS")
+    os.environ["JUJU_BLOCK_PLUGINS"] = ",".join(names)
+    plugins.reload()
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["JUJU_BLOCK_PLUGINS"]
+        else:
+            os.environ["JUJU_BLOCK_PLUGINS"] = saved
+        plugins.reload()

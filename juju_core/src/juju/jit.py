@@ -663,7 +663,7 @@ def _models_for(engine: Engine, group: list[Lowered]) -> list:
     keys: list = [None] * len(group)
     if cache.enabled():
         for i, (low, graph) in enumerate(zip(group, graphs)):
-            keys[i] = cache.graph_key(graph, engine.description, low.kernel_paths)
+            keys[i] = cache.graph_key(graph, engine.description, graph.kernel_libraries_paths)
             hit = cache.lookup(keys[i])
             log.debug("juju: persistent cache %s for %s (key %s)", "miss" if hit is None else
                       "hit", describe(low.jit_function.fun), keys[i][:16])
@@ -676,7 +676,9 @@ def _models_for(engine: Engine, group: list[Lowered]) -> list:
     if misses:
         module = graphs[misses[0]].module if len(misses) == 1 else engine_module_of(
             [graphs[i] for i in misses])
-        extensions = sorted({str(p) for i in misses for p in group[i].kernel_paths})
+        # The graph's libraries: its rules' (`kernel_paths`) and any a rule
+        # generated while lowering (`juju.lowering_helpers.load_kernel_library`).
+        extensions = sorted({str(p) for i in misses for p in graphs[i].kernel_libraries_paths})
         names = list(dict.fromkeys(describe(group[i].jit_function.fun) for i in misses))
         what = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
         compiled = engine.compile(module, what, custom_extensions=extensions)

@@ -190,3 +190,19 @@ def _trace_parts_uncached(fn, kinds, parts, params):
     for (shape, dtype), k in zip(parts, kinds):
         structs += [jax.ShapeDtypeStruct(shape, dtype)] * (2 if k else 1)
     return jax.make_jaxpr(flat_fn)(*structs)
+
+
+def load_kernel_library(path) -> None:
+    """Add a compiled Mojo library (`.mojoc`) to the graph being built.
+
+    For kernels a rule generates while lowering (a library per equation,
+    unknown to the pre-pass that loads `Rule.requires`); the graph carries
+    the path, and juju compiles and caches the graph with it.
+    """
+    from pathlib import Path
+
+    from max.graph import Graph
+
+    graph = Graph.current
+    if Path(path) not in graph.kernel_libraries_paths:
+        graph._import_kernels([Path(path)])  # MAX-private in 26.7: the constructor's own step

@@ -1,13 +1,13 @@
 """Entry point of the Mojo kernels pack."""
 
 import juju
-from juju_kernels_mojo import (kernel_library, lax_rules, linalg_library, linalg_rules,
+from juju_kernels_mojo import (kernel_library, lax_rules, linalg_library, linalg_rules, loop_rules,
                                nn_rules, primitives)
 
 
 @juju.hookimpl
 def juju_rules():
-    return [primitives.rules, lax_rules.rules, nn_rules.rules, linalg_rules.rules]
+    return [primitives.rules, lax_rules.rules, nn_rules.rules, linalg_rules.rules, loop_rules.rules]
 
 
 @juju.hookimpl

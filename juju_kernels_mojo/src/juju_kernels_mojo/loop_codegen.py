@@ -1,0 +1,820 @@
+"""Mojo source for a whole loop: a scan or while_loop and its body in one kernel.
+
+MAX runs each iteration of its `while_loop` through its runtime (~15-35 us
+a trip on the CPU, whatever the body holds), so a small-body loop costs
+50-150x `jax.jit`'s. `loop_source` writes the loop, its body and every
+equation in it as scalar Mojo loops over static shapes: the loop then runs
+without leaving compiled code. It covers the equations small iterative
+programs are made of (elementwise math, comparisons, select, casts,
+broadcasts, reshapes, transposes, slices, concatenation, reductions,
+dot_general, iota, dynamic slices, cond, nested scan/while and the call
+wrappers); anything else raises `Unsupported` and the loop keeps lax's rule.
+
+Every array is flat and row-major; an `Array` is a pointer, a static shape
+and an offset expression (a row of `xs` is the input at `step * row`).
+Scratch buffers are allocated once, before the outermost loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from jax.extend import core as jex_core
+
+from juju import primitives as P
+from juju._compat import call_primitives, open_jaxpr, scan_layout
+
+VECTOR_BYTES = 32  # SIMD width of generated dot products (AVX2)
+
+SUPPORTED_DTYPES = {
+    np.dtype(np.float32): "float32", np.dtype(np.float64): "float64",
+    np.dtype(np.int32): "int32", np.dtype(np.int64): "int64",
+    np.dtype(np.uint32): "uint32", np.dtype(np.bool_): "bool",
+}
+
+
+class Unsupported(Exception):
+    """The loop holds something this generator does not write."""
+
+
+def mojo_dtype(dtype) -> str:
+    try:
+        return "DType." + SUPPORTED_DTYPES[np.dtype(dtype)]
+    except (KeyError, TypeError):
+        raise Unsupported(f"dtype {dtype}") from None
+
+
+def scalar_type(dtype) -> str:
+    return f"Scalar[{mojo_dtype(dtype)}]"
+
+
+def literal(value, dtype) -> str:
+    """A Mojo scalar literal of `dtype`, special floats included."""
+    dtype = np.dtype(dtype)
+    t = mojo_dtype(dtype)
+    value = np.asarray(value, dtype).item()
+    if dtype == np.bool_:
+        return f"Scalar[{t}]({bool(value)})"
+    if dtype.kind == "f":
+        if math.isnan(value):
+            return f"nan[{t}]()"
+        if math.isinf(value):
+            return f"{'-' if value < 0 else ''}inf[{t}]()"
+        if value == 0 and math.copysign(1, value) < 0:
+            return f"Scalar[{t}](-0.0)"
+        return f"Scalar[{t}]({float(value)!r})"
+    return f"Scalar[{t}]({int(value)})"
+
+
+def _add(a: str, b: str) -> str:
+    return b if a in ("", "0") else a if b in ("", "0") else f"{a} + {b}"
+
+
+@dataclass(frozen=True)
+class Array:
+    """A flat array in the kernel: `ptr[offset + i]`, row-major `shape`."""
+
+    ptr: str
+    shape: tuple
+    dtype: np.dtype
+    offset: str = ""
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def at(self, index: str) -> str:
+        return f"{self.ptr}[unsafe_offset={_add(self.offset, index) or '0'}]"
+
+    def row(self, index: str) -> Array:
+        """Row `index` (an expression) of the leading axis."""
+        row = math.prod(self.shape[1:])
+        return Array(self.ptr, self.shape[1:], self.dtype, _add(self.offset, f"({index}) * {row}"))
+
+
+@dataclass(frozen=True)
+class Const:
+    """A literal: every element the same value."""
+
+    value: object
+    shape: tuple
+    dtype: np.dtype
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def at(self, index: str) -> str:
+        return literal(self.value, self.dtype)
+
+
+def strides(shape) -> list[int]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return out[::-1]
+
+
+def index_expr(indices, stride_list) -> str:
+    terms = [i if s == 1 else f"{i} * {s}" for i, s in zip(indices, stride_list) if s != 0]
+    return " + ".join(terms) or "0"
+
+
+# --- elementwise expressions ------------------------------------------------------
+# Each takes the operands' dtypes and expressions and returns an expression;
+# float math passes NaN through explicitly (keep_nan): Mojo's exp and friends
+# do not all return NaN for NaN.
+
+def _float_fn(name):
+    return lambda dt, x: f"keep_nan({x}, {name}({x}))"
+
+
+def _sign(dt, x):
+    if dt.kind == "f":  # sign(-0.0) is -0.0, sign(NaN) NaN
+        return f"keep_nan({x}, copysign({literal(1, dt)}, {x}) if {x} != 0 else {x})"
+    t = mojo_dtype(dt)
+    return f"Scalar[DType.bool]({x} > 0).cast[{t}]() - Scalar[DType.bool]({x} < 0).cast[{t}]()"
+
+
+def _unary(prim):
+    return {
+        P.neg_p: lambda dt, x: f"-{x}",
+        P.abs_p: lambda dt, x: f"abs({x})",
+        P.exp_p: _float_fn("exp"), P.log_p: _float_fn("log"), P.tanh_p: _float_fn("tanh"),
+        P.sin_p: _float_fn("sin"), P.cos_p: _float_fn("cos"), P.sqrt_p: _float_fn("sqrt"),
+        P.log1p_p: _float_fn("log1p"), P.expm1_p: _float_fn("expm1"),
+        # Mojo's exp2 is a coarse approximation (2^inf = 8.5e37): 2^x = e^(x ln 2).
+        P.exp2_p: lambda dt, x: f"keep_nan({x}, exp({x} * {literal(math.log(2), dt)}))",
+        P.erf_p: _float_fn("erf"),
+        P.floor_p: _float_fn("floor"), P.ceil_p: _float_fn("ceil"),
+        P.rsqrt_p: lambda dt, x: f"keep_nan({x}, 1 / sqrt({x}))",
+        P.logistic_p: lambda dt, x: f"keep_nan({x}, 1 / (1 + exp(-{x})))",
+        P.sign_p: _sign,
+        P.is_finite_p: lambda dt, x: f"not (isnan({x}) or isinf({x}))",
+        P.not_p: lambda dt, x: f"~{x}",
+        P.square_p: lambda dt, x: f"{x} * {x}",
+    }.get(prim)
+
+
+def _binary(prim):
+    return {
+        P.add_p: lambda dt, a, b: f"{a} + {b}",
+        P.sub_p: lambda dt, a, b: f"{a} - {b}",
+        P.mul_p: lambda dt, a, b: f"{a} * {b}",
+        P.max_p: lambda dt, a, b: f"max_nan({a}, {b})",
+        P.min_p: lambda dt, a, b: f"min_nan({a}, {b})",
+        P.and_p: lambda dt, a, b: f"{a} & {b}",
+        P.or_p: lambda dt, a, b: f"{a} | {b}",
+        P.xor_p: lambda dt, a, b: f"{a} ^ {b}",
+        P.eq_p: lambda dt, a, b: f"{a} == {b}",
+        P.ne_p: lambda dt, a, b: f"{a} != {b}",
+        P.lt_p: lambda dt, a, b: f"{a} < {b}",
+        P.le_p: lambda dt, a, b: f"{a} <= {b}",
+        P.gt_p: lambda dt, a, b: f"{a} > {b}",
+        P.ge_p: lambda dt, a, b: f"{a} >= {b}",
+        P.atan2_p: lambda dt, a, b: f"atan2({a}, {b})",
+    }.get(prim)
+
+
+FLOAT_ONLY = {P.exp_p, P.log_p, P.tanh_p, P.sin_p, P.cos_p, P.sqrt_p, P.log1p_p, P.expm1_p,
+              P.exp2_p, P.erf_p, P.floor_p, P.ceil_p, P.rsqrt_p, P.logistic_p, P.is_finite_p,
+              P.atan2_p}
+INTEGER_ONLY = {P.not_p, P.and_p, P.or_p, P.xor_p}
+FLOAT_DIV = {P.div_p}  # integer division rounds toward zero in lax: left to MAX
+
+PRELUDE = '''\
+from extensibility import register, InputTensor, OutputTensor
+from max.gpu.host import DeviceContext
+from std.math import (atan2, ceil, copysign, cos, erf, exp, expm1, floor, isinf, isnan, log,
+                      log1p, sin, sqrt, tanh)
+from std.utils.numerics import FlushDenormals, inf, max_finite, min_finite, nan
+
+
+@always_inline
+def keep_nan[dt: DType](x: Scalar[dt], y: Scalar[dt]) -> Scalar[dt]:
+    comptime if dt.is_floating_point():
+        return x if isnan(x) else y
+    else:
+        return y
+
+
+@always_inline
+def max_nan[dt: DType](a: Scalar[dt], b: Scalar[dt]) -> Scalar[dt]:
+    comptime if dt.is_floating_point():
+        if isnan(a):
+            return a
+    return a if a > b else b
+
+
+@always_inline
+def min_nan[dt: DType](a: Scalar[dt], b: Scalar[dt]) -> Scalar[dt]:
+    comptime if dt.is_floating_point():
+        if isnan(a):
+            return a
+    return a if a < b else b
+
+
+@always_inline
+def float_to_int[src: DType, dst: DType](x: Scalar[src]) -> Scalar[dst]:
+    # XLA's conversion: NaN -> 0, out-of-range values saturate.
+    if isnan(x):
+        return 0
+    if x <= min_finite[dst]().cast[src]():
+        return min_finite[dst]()
+    if x >= max_finite[dst]().cast[src]():
+        return max_finite[dst]()
+    return x.cast[dst]()
+'''
+
+
+class Emitter:
+    """Writes Mojo statements for jaxpr equations over `Array`s."""
+
+    def __init__(self):
+        self.decls: list[str] = []  # scratch allocation, before the loops
+        self.lines: list[str] = []
+        self.depth = 3  # inside execute's `with FlushDenormals():`
+        self.count = 0
+        self.work = 0  # element operations per outermost iteration, roughly
+        self.consts: list[np.ndarray] = []  # closed-over arrays: extra kernel inputs
+
+    # -- text ------------------------------------------------------------------
+
+    def fresh(self, prefix: str) -> str:
+        self.count += 1
+        return f"{prefix}{self.count}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append("    " * self.depth + line)
+
+    @contextlib.contextmanager
+    def block(self, header: str):
+        self.emit(header)
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+
+    def scratch(self, shape, dtype) -> Array:
+        shape = tuple(int(d) for d in shape)
+        name = self.fresh("t")
+        size = max(math.prod(shape), 1)
+        self.decls.append(
+            f"var {name}_list = List[{scalar_type(dtype)}](length={size}, fill=0)")
+        self.decls.append(f"var {name} = {name}_list.unsafe_ptr()")
+        return Array(name, shape, np.dtype(dtype))
+
+    def nest(self, shape, body) -> None:
+        """Loops over `shape` (row-major), calling body(index names) inside."""
+        names = [self.fresh("i") for _ in shape]
+        with contextlib.ExitStack() as stack:
+            for name, dim in zip(names, shape):
+                stack.enter_context(self.block(f"for {name} in range({dim}):"))
+            body(names)
+
+    def copy(self, src, dst: Array, convert=None) -> None:
+        """dst = src elementwise (src may be a Const or a same-size Array)."""
+        if isinstance(src, Array) and (src.ptr, src.offset) == (dst.ptr, dst.offset):
+            return
+        if dst.size == 0:
+            return
+        k = self.fresh("k")
+        with self.block(f"for {k} in range({dst.size}):"):
+            value = src.at(k)
+            self.emit(f"{dst.at(k)} = {convert(value) if convert else value}")
+
+    # -- jaxprs ------------------------------------------------------------------
+
+    def jaxpr(self, jaxpr, args: list) -> list:
+        """Emit `jaxpr` (open or closed) on `args`; returns its outputs."""
+        if isinstance(jaxpr, jex_core.ClosedJaxpr):
+            consts = [self.closed_const(c) for c in jaxpr.consts]
+            jaxpr = jaxpr.jaxpr
+        else:
+            consts = []
+        env = {}
+        for var, value in zip([*jaxpr.constvars, *jaxpr.invars], [*consts, *args], strict=True):
+            env[var] = value
+
+        def read(atom):
+            if isinstance(atom, jex_core.Literal):
+                return Const(atom.val, tuple(np.shape(atom.val)), np.dtype(atom.aval.dtype))
+            return env[atom]
+
+        for eqn in jaxpr.eqns:
+            for v in (*eqn.invars, *eqn.outvars):
+                self.check_aval(v.aval)
+            ins = [read(a) for a in eqn.invars]
+            outs = [self.scratch(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
+            self.equation(eqn.primitive, ins, outs, eqn.params)
+            self.work += sum(o.size for o in outs)
+            env.update(zip(eqn.outvars, outs))
+        return [read(a) for a in jaxpr.outvars]
+
+    def closed_const(self, value) -> Array:
+        value = np.asarray(value)
+        self.check_aval(value)
+        self.consts.append(value)
+        return Array(f"c{len(self.consts) - 1}", value.shape, value.dtype)
+
+    @staticmethod
+    def check_aval(aval) -> None:
+        shape = getattr(aval, "shape", None)
+        if shape is None or not all(isinstance(d, (int, np.integer)) for d in shape):
+            raise Unsupported(f"a value of type {aval}")
+        mojo_dtype(aval.dtype)
+
+    # -- equations ---------------------------------------------------------------
+
+    def equation(self, prim, ins, outs, params) -> None:
+        method = _EQUATIONS.get(prim)
+        if method is None:
+            method = Emitter.elementwise if _is_elementwise(prim) else None
+        if method is None:
+            raise Unsupported(f"primitive {prim.name}")
+        method(self, prim, ins, outs, **params)
+
+    def elementwise(self, prim, ins, outs, **params):
+        (out,) = outs
+        dt = ins[0].dtype
+        floating = dt.kind == "f"
+        if (prim in FLOAT_ONLY or prim in FLOAT_DIV) and not floating:
+            raise Unsupported(f"{prim.name} of {dt}")
+        if prim in INTEGER_ONLY and floating:
+            raise Unsupported(f"{prim.name} of {dt}")
+        if not out.size:
+            return
+        if all(x.shape == out.shape or x.size == 1 for x in ins):
+            k = self.fresh("k")
+            with self.block(f"for {k} in range({out.size}):"):
+                self.element(prim, ins, out, [x.at("0") if x.size == 1 else x.at(k) for x in ins],
+                             k, dt, params)
+            return
+        # lax broadcasts size-1 axes of equal-rank operands: stride 0 there.
+        out_st = _strides_of(out.shape)
+
+        def body(idx):
+            args = []
+            for x in ins:
+                st = [0 if d == 1 else s for d, s in zip(x.shape, _strides_of(x.shape))]
+                args.append(x.at(index_expr(idx, st) if x.shape else "0"))
+            self.element(prim, ins, out, args, index_expr(idx, out_st), dt, params)
+
+        self.nest(out.shape, body)
+
+    def element(self, prim, ins, out, args, at, dt, params):
+        """out[at] = prim(args), the operands' elements as expressions."""
+        if prim is P.div_p:
+            expr = f"{args[0]} / {args[1]}"
+        elif prim is P.integer_pow_p:
+            expr = self.integer_pow(args[0], dt, params["y"])
+        elif prim is P.select_n_p:
+            expr = args[-1]
+            for i in reversed(range(1, len(args) - 1)):
+                test = args[0] if ins[0].dtype == np.bool_ else f"{args[0]} == {i - 1}"
+                expr = f"({args[i]} if not {test} else {expr})" if ins[0].dtype == np.bool_ \
+                    else f"({args[i]} if {test} else {expr})"
+        elif prim is P.clamp_p:
+            expr = f"min_nan(max_nan({args[1]}, {args[0]}), {args[2]})"
+        elif prim is P.convert_element_type_p:
+            expr = self.convert(args[0], dt, out.dtype)
+        elif prim is P.add_jaxvals_p:
+            expr = f"{args[0]} + {args[1]}"
+        else:
+            fn = _unary(prim) or _binary(prim)
+            expr = fn(dt, *args)
+        self.emit(f"{out.at(at)} = {expr}")
+
+    def integer_pow(self, x: str, dtype, y: int) -> str:
+        """x ** y by squaring, the multiplications jax's lowering does."""
+        base = self.fresh("b")
+        self.emit(f"var {base} = {x}")
+        acc = None
+        n = abs(y)
+        while n > 0:
+            if n & 1:
+                acc = base if acc is None else f"({acc} * {base})"
+            n >>= 1
+            if n:
+                nxt = self.fresh("b")
+                self.emit(f"var {nxt} = {base} * {base}")
+                base = nxt
+        acc = acc or literal(1, dtype)
+        return f"(1 / {acc})" if y < 0 else acc
+
+    def convert(self, x: str, src, dst) -> str:
+        src, dst = np.dtype(src), np.dtype(dst)
+        if dst == np.bool_:
+            return f"{x} != 0"
+        if src.kind == "f" and dst.kind in "iu":
+            return f"float_to_int[{mojo_dtype(src)}, {mojo_dtype(dst)}]({x})"
+        return f"{x}.cast[{mojo_dtype(dst)}]()"
+
+    def strided(self, out: Array, src, src_strides, src_offset: str = "") -> None:
+        """out[i...] = src[offset + sum(i * stride)] over out's shape."""
+        out_strides = strides(out.shape)
+
+        def body(idx):
+            at = _add(src_offset, index_expr(idx, src_strides))
+            self.emit(f"{out.at(index_expr(idx, out_strides))} = {src.at(at)}")
+
+        if out.size:
+            self.nest(out.shape, body)
+
+    def broadcast_in_dim(self, prim, ins, outs, *, shape, broadcast_dimensions, sharding=None):
+        operand, (out,) = ins[0], outs
+        if len(ins) > 1:
+            raise Unsupported("broadcast_in_dim with dynamic shapes")
+        src = strides(operand.shape)
+        st = [0] * len(out.shape)
+        for axis, d in enumerate(broadcast_dimensions):
+            if operand.shape[axis] != 1:
+                st[d] = src[axis]
+        self.strided(out, operand, st)
+
+    def reshape(self, prim, ins, outs, **params):
+        if params.get("dimensions"):
+            raise Unsupported("reshape with dimensions")
+        self.copy(ins[0], outs[0])
+
+    def transpose(self, prim, ins, outs, *, permutation):
+        (operand,), (out,) = ins, outs
+        src = strides(operand.shape)
+        self.strided(out, operand, [src[p] for p in permutation])
+
+    def rev(self, prim, ins, outs, *, dimensions):
+        (operand,), (out,) = ins, outs
+        src = strides(operand.shape)
+        st = [-s if d in dimensions else s for d, s in enumerate(src)]
+        offset = sum((operand.shape[d] - 1) * src[d] for d in dimensions)
+        self.strided(out, operand, st, str(offset) if offset else "")
+
+    def slice(self, prim, ins, outs, *, start_indices, limit_indices, strides: tuple | None):
+        (operand,), (out,) = ins, outs
+        src = _strides_of(operand.shape)
+        step = strides or (1,) * len(src)
+        offset = sum(s * b for s, b in zip(src, start_indices))
+        self.strided(out, operand, [s * k for s, k in zip(src, step)], str(offset))
+
+    def dynamic_slice(self, prim, ins, outs, *, slice_sizes):
+        operand, starts, (out,) = ins[0], ins[1:], outs
+        src = _strides_of(operand.shape)
+        offset = self.clamped_offset(operand.shape, starts, slice_sizes, src)
+        self.strided(out, operand, src, offset)
+
+    def dynamic_update_slice(self, prim, ins, outs):
+        operand, update, starts = ins[0], ins[1], ins[2:]
+        (out,) = outs
+        self.copy(operand, out)
+        st = _strides_of(out.shape)
+        offset = self.clamped_offset(out.shape, starts, update.shape, st)
+        up = _strides_of(update.shape)
+
+        def body(idx):
+            at = _add(offset, index_expr(idx, st))
+            self.emit(f"{out.at(at)} = {update.at(index_expr(idx, up))}")
+
+        if update.size:
+            self.nest(update.shape, body)
+
+    def clamped_offset(self, shape, starts, sizes, st) -> str:
+        """The flat offset of a dynamic slice, starts clamped as lax does."""
+        terms = []
+        for dim, start, size, s in zip(shape, starts, sizes, st):
+            name = self.fresh("s")
+            self.emit(f"var {name} = Int({start.at('0')})")
+            self.emit(f"{name} = min(max({name}, 0), {int(dim) - int(size)})")
+            terms.append(f"{name} * {s}")
+        return "(" + " + ".join(terms) + ")" if terms else ""
+
+    def concatenate(self, prim, ins, outs, *, dimension):
+        (out,) = outs
+        st = _strides_of(out.shape)
+        at = 0
+        for x in ins:
+            src = _strides_of(x.shape)
+
+            def body(idx, x=x, at=at, src=src):
+                dst = _add(str(at * st[dimension]) if at else "", index_expr(idx, st))
+                self.emit(f"{out.at(dst)} = {x.at(index_expr(idx, src))}")
+
+            if x.size:
+                self.nest(x.shape, body)
+            at += x.shape[dimension]
+
+    def iota(self, prim, ins, outs, *, dtype, shape, dimension, sharding=None):
+        (out,) = outs
+        st = _strides_of(out.shape)
+
+        def body(idx):
+            value = f"Scalar[{mojo_dtype(out.dtype)}]({idx[dimension]})"
+            self.emit(f"{out.at(index_expr(idx, st))} = {value}")
+
+        if out.size:
+            self.nest(out.shape, body)
+
+    def reduce(self, prim, ins, outs, *, axes, out_sharding=None):
+        (operand,), (out,) = ins, outs
+        dt = operand.dtype
+        combine, init = {
+            P.reduce_sum_p: ("{a} + {b}", 0), P.reduce_prod_p: ("{a} * {b}", 1),
+            P.reduce_max_p: ("max_nan({a}, {b})", "-inf" if dt.kind == "f" else "min"),
+            P.reduce_min_p: ("min_nan({a}, {b})", "inf" if dt.kind == "f" else "max"),
+            P.reduce_and_p: ("{a} & {b}", True), P.reduce_or_p: ("{a} | {b}", False),
+        }[prim]
+        if isinstance(init, str):
+            info = np.finfo(dt) if dt.kind == "f" else np.iinfo(dt)
+            init = {"-inf": -np.inf, "inf": np.inf, "min": info.min, "max": info.max}[init]
+        if dt == np.bool_ and prim not in (P.reduce_and_p, P.reduce_or_p):
+            raise Unsupported(f"{prim.name} of bool")
+        self.copy(Const(init, out.shape, dt), out)
+        src = _strides_of(operand.shape)
+        kept = [d for d in range(len(operand.shape)) if d not in axes]
+        out_st = [0] * len(operand.shape)
+        for d, s in zip(kept, _strides_of(out.shape)):
+            out_st[d] = s
+
+        def body(idx):
+            o = out.at(index_expr(idx, out_st))
+            self.emit(f"{o} = {combine.format(a=o, b=operand.at(index_expr(idx, src)))}")
+
+        if operand.size:
+            self.nest(operand.shape, body)
+        self.work += operand.size
+
+    def dot_general(self, prim, ins, outs, *, dimension_numbers, precision=None,
+                    preferred_element_type=None, out_sharding=None, **_):
+        (lhs, rhs), (out,) = ins, outs
+        (lc, rc), (lb, rb) = dimension_numbers
+        if out.dtype == np.bool_:
+            raise Unsupported("dot_general of bool")
+        ls, rs = _strides_of(lhs.shape), _strides_of(rhs.shape)
+        lf = [d for d in range(len(lhs.shape)) if d not in lc and d not in lb]
+        rf = [d for d in range(len(rhs.shape)) if d not in rc and d not in rb]
+        out_st = _strides_of(out.shape)
+        contract = [lhs.shape[d] for d in lc]
+        nb = len(lb)
+        self.work += out.size * math.prod(contract)
+        if not out.size:
+            return
+
+        def operand(st, free, batch, cdims, idx, cidx, base=()):
+            terms = [*zip(idx[:nb], [st[d] for d in batch]), *zip(base, [st[d] for d in free]),
+                     *zip(cidx, [st[d] for d in cdims])]
+            at = index_expr(*zip(*terms)) if terms else "0"
+            return at
+
+        def load(x, at):
+            value = x.at(at)
+            return value if x.dtype == out.dtype else self.convert(value, x.dtype, out.dtype)
+
+        width = VECTOR_BYTES // out.dtype.itemsize
+        simd = f"SIMD[{mojo_dtype(out.dtype)}, {width}]"
+        same = (lhs.dtype == rhs.dtype == out.dtype and isinstance(lhs, Array)
+                and isinstance(rhs, Array))
+        if same and rf and rs[rf[-1]] == 1 and out.shape[-1] >= width:
+            # Vectorized over the output's last axis (rhs's contiguous free
+            # axis): out[..., j:j+w] += lhs[..., c] * rhs[c, j:j+w], each
+            # output element summed over c in order, as the scalar loop would.
+            outer = out.shape[:-1]
+            n = out.shape[-1]
+
+            def body(idx):
+                j = self.fresh("j")
+                idx_l = idx[nb:nb + len(lf)]
+                idx_r = idx[nb + len(lf):]
+                with self.block(f"for {j} in range(0, {n - n % width}, {width}):"):
+                    acc = self.fresh("acc")
+                    self.emit(f"var {acc} = {simd}(0)")
+
+                    def inner(cidx):
+                        a = lhs.at(operand(ls, lf, lb, lc, idx, cidx, idx_l))
+                        b_at = _add(operand(rs, rf, rb, rc, idx, cidx, [*idx_r, j]), rhs.offset)
+                        self.emit(f"{acc} += {a} * {rhs.ptr}.unsafe_offset({b_at}).unsafe_load"
+                                  f"[width={width}]()")
+
+                    self.nest(contract, inner)
+                    o_at = _add(index_expr([*idx, j], out_st), out.offset)
+                    self.emit(f"{out.ptr}.unsafe_offset({o_at}).unsafe_store({acc})")
+                with self.block(f"for {j} in range({n - n % width}, {n}):"):
+                    self.scalar_dot(out, lhs, rhs, [*idx, j], contract, operand, load,
+                                    (ls, lf, lb, lc, idx_l), (rs, rf, rb, rc, [*idx_r, j]))
+
+            self.nest(outer, body)
+            return
+
+        def body(idx):
+            self.scalar_dot(out, lhs, rhs, idx, contract, operand, load,
+                            (ls, lf, lb, lc, idx[nb:nb + len(lf)]),
+                            (rs, rf, rb, rc, idx[nb + len(lf):]))
+
+        self.nest(out.shape, body)
+
+    def scalar_dot(self, out, lhs, rhs, idx, contract, operand, load, left, right):
+        acc = self.fresh("acc")
+        self.emit(f"var {acc} = {scalar_type(out.dtype)}(0)")
+        width = VECTOR_BYTES // out.dtype.itemsize
+        if (len(contract) == 1 and contract[0] >= width and lhs.dtype == rhs.dtype == out.dtype
+                and isinstance(lhs, Array) and isinstance(rhs, Array)
+                and left[0][left[3][0]] == 1 and right[0][right[3][0]] == 1):
+            # Both operands contiguous along the contraction: a SIMD inner
+            # product (partial sums per lane, then the lanes).
+            n = contract[0]
+            vec, c = self.fresh("v"), self.fresh("c")
+            self.emit(f"var {vec} = SIMD[{mojo_dtype(out.dtype)}, {width}](0)")
+            with self.block(f"for {c} in range(0, {n - n % width}, {width}):"):
+                a = _add(operand(*left[:4], idx, [c], left[4]), lhs.offset)
+                b = _add(operand(*right[:4], idx, [c], right[4]), rhs.offset)
+                self.emit(f"{vec} += {lhs.ptr}.unsafe_offset({a}).unsafe_load[width={width}]() "
+                          f"* {rhs.ptr}.unsafe_offset({b}).unsafe_load[width={width}]()")
+            self.emit(f"{acc} = {vec}.reduce_add()")
+            with self.block(f"for {c} in range({n - n % width}, {n}):"):
+                a = lhs.at(operand(*left[:4], idx, [c], left[4]))
+                b = rhs.at(operand(*right[:4], idx, [c], right[4]))
+                self.emit(f"{acc} += {a} * {b}")
+            self.emit(f"{out.at(index_expr(idx, _strides_of(out.shape)))} = {acc}")
+            return
+
+        def inner(cidx):
+            a = load(lhs, operand(*left[:4], idx, cidx, left[4]))
+            b = load(rhs, operand(*right[:4], idx, cidx, right[4]))
+            self.emit(f"{acc} += {a} * {b}")
+
+        self.nest(contract, inner)
+        self.emit(f"{out.at(index_expr(idx, _strides_of(out.shape)))} = {acc}")
+
+    def call(self, prim, ins, outs, **params):
+        jaxpr = params.get("jaxpr", params.get("call_jaxpr"))
+        for src, dst in zip(self.jaxpr(jaxpr, ins), outs, strict=True):
+            self.copy(src, dst)
+
+    def identity(self, prim, ins, outs, **params):
+        for src, dst in zip(ins, outs, strict=True):
+            self.copy(src, dst)
+
+    # -- control flow ------------------------------------------------------------
+
+    def cond(self, prim, ins, outs, *, branches, **params):
+        if params.get("branches_platforms") is not None:
+            raise Unsupported("platform_dependent")
+        index, operands = ins[0], ins[1:]
+        which = self.fresh("w")
+        self.emit(f"var {which} = Int({index.at('0')})")
+        for k, branch in enumerate(branches):
+            last = k == len(branches) - 1
+            header = "else:" if last else f"{'if' if k == 0 else 'elif'} {which} == {k}:"
+            if len(branches) == 1:
+                header = "if True:"
+            with self.block(header):
+                for src, dst in zip(self.jaxpr(branch, operands), outs, strict=True):
+                    self.copy(src, dst)
+
+    def scan(self, prim, ins, outs, *, reverse, length, jaxpr, unroll=1,
+             _split_transpose=False, **layout):
+        if _split_transpose:
+            raise Unsupported("scan with _split_transpose")
+        num_consts, num_carry = scan_layout(**layout)
+        consts, init = ins[:num_consts], ins[num_consts:num_consts + num_carry]
+        xs = ins[num_consts + num_carry:]
+        carry, ys = outs[:num_carry], outs[num_carry:]
+        for src, dst in zip(init, carry):
+            self.copy(src, dst)
+        staged = [self.scratch(c.shape, c.dtype) for c in carry]
+        step = self.fresh("step")
+        with self.block(f"for {step} in range({length}):"):
+            index = f"{length - 1} - {step}" if reverse else step
+            rows = [x.row(index) for x in xs]
+            body_outs = self.jaxpr(jaxpr, [*consts, *carry, *rows])
+            for src, dst in zip(body_outs[num_carry:], ys):  # a y may be an old carry
+                self.copy(src, dst.row(index))
+            self.advance(body_outs[:num_carry], staged, carry)
+
+    def while_loop(self, prim, ins, outs, *, cond_jaxpr, body_jaxpr, cond_nconsts,
+                   body_nconsts):
+        if tuple(open_jaxpr(cond_jaxpr).outvars[0].aval.shape):
+            raise Unsupported("while with a batched predicate")
+        cond_consts = ins[:cond_nconsts]
+        body_consts = ins[cond_nconsts:cond_nconsts + body_nconsts]
+        init = ins[cond_nconsts + body_nconsts:]
+        for src, dst in zip(init, outs):
+            self.copy(src, dst)
+        staged = [self.scratch(c.shape, c.dtype) for c in outs]
+        with self.block("while True:"):
+            (pred,) = self.jaxpr(cond_jaxpr, [*cond_consts, *outs])
+            self.emit(f"if not {pred.at('0')}:")
+            self.emit("    break")
+            body_outs = self.jaxpr(body_jaxpr, [*body_consts, *outs])
+            self.advance(body_outs, staged, outs)
+
+    def advance(self, new, staged, carry) -> None:
+        """carry = new. A value computed in the body is copied straight in;
+        one that is a carry, an input or a literal goes through `staged`
+        (a carry may be overwritten before another reads it)."""
+        computed = [isinstance(v, Array) and v.ptr.startswith("t") and v.ptr not in
+                    {c.ptr for c in carry} for v in new]
+        for src, dst, direct in zip(new, staged, computed):
+            if not direct:
+                self.copy(src, dst)
+        for src, tmp, dst, direct in zip(new, staged, carry, computed):
+            self.copy(src if direct else tmp, dst)
+
+
+def _strides_of(shape):
+    return strides(shape)
+
+
+ELEMENTWISE = {
+    P.neg_p, P.abs_p, P.exp_p, P.log_p, P.tanh_p, P.sin_p, P.cos_p, P.sqrt_p, P.log1p_p,
+    P.expm1_p, P.exp2_p, P.erf_p, P.floor_p, P.ceil_p, P.rsqrt_p, P.logistic_p, P.sign_p,
+    P.is_finite_p, P.not_p, P.square_p, P.add_p, P.sub_p, P.mul_p, P.div_p, P.max_p, P.min_p,
+    P.and_p, P.or_p, P.xor_p, P.eq_p, P.ne_p, P.lt_p, P.le_p, P.gt_p, P.ge_p, P.atan2_p,
+    P.integer_pow_p, P.select_n_p, P.clamp_p, P.convert_element_type_p, P.add_jaxvals_p,
+}
+
+
+def _is_elementwise(prim) -> bool:
+    return prim in ELEMENTWISE
+
+
+_EQUATIONS = {
+    P.broadcast_in_dim_p: Emitter.broadcast_in_dim,
+    P.reshape_p: Emitter.reshape,
+    P.squeeze_p: Emitter.reshape,
+    P.transpose_p: Emitter.transpose,
+    P.rev_p: Emitter.rev,
+    P.slice_p: Emitter.slice,
+    P.dynamic_slice_p: Emitter.dynamic_slice,
+    P.dynamic_update_slice_p: Emitter.dynamic_update_slice,
+    P.concatenate_p: Emitter.concatenate,
+    P.iota_p: Emitter.iota,
+    P.dot_general_p: Emitter.dot_general,
+    P.cond_p: Emitter.cond,
+    P.scan_p: Emitter.scan,
+    P.while_p: Emitter.while_loop,
+    P.jit_p: Emitter.call,
+    P.custom_jvp_call_p: Emitter.call,
+    P.custom_vjp_call_p: Emitter.call,
+    P.remat_p: Emitter.call,
+    P.stop_gradient_p: Emitter.identity,
+    P.copy_p: Emitter.identity,
+    **{p: Emitter.reduce for p in (P.reduce_sum_p, P.reduce_prod_p, P.reduce_max_p,
+                                   P.reduce_min_p, P.reduce_and_p, P.reduce_or_p)},
+    **{p: Emitter.call for p in call_primitives},
+}
+
+
+@dataclass(frozen=True)
+class LoopKernel:
+    """A generated kernel: its registered name, source, and the arrays the
+    rule passes after the loop's operands (the jaxprs' closed-over consts)."""
+
+    name: str
+    source: str
+    consts: tuple
+    work: int
+
+
+def loop_source(prim, params, in_avals, out_avals, name: str) -> LoopKernel:
+    """The Mojo source of a kernel `name` computing one loop equation.
+
+    Every operand and result is passed flat (rank 1). Raises `Unsupported`.
+    """
+    e = Emitter()
+    ins = [Array(f"a{i}", tuple(a.shape), np.dtype(a.dtype)) for i, a in enumerate(in_avals)]
+    outs = [Array(f"r{i}", tuple(a.shape), np.dtype(a.dtype)) for i, a in enumerate(out_avals)]
+    for a in (*in_avals, *out_avals):
+        e.check_aval(a)
+    e.equation(prim, ins, outs, params)
+    args = [f"        o{i}: OutputTensor[dtype={mojo_dtype(a.dtype)}, rank=1, ...],"
+            for i, a in enumerate(out_avals)]
+    inputs = [*in_avals, *e.consts]
+    args += [f"        i{i}: InputTensor[dtype={mojo_dtype(a.dtype)}, rank=1, ...],"
+             for i, a in enumerate(inputs)]
+    pointers = [f"var r{i} = o{i}.unsafe_ptr()" for i in range(len(out_avals))]
+    pointers += [f"var a{i} = i{i}.unsafe_ptr()" for i in range(len(in_avals))]
+    pointers += [f"var c{k} = i{len(in_avals) + k}.unsafe_ptr()" for k in range(len(e.consts))]
+    indent = "        "
+    source = "\n".join([
+        PRELUDE,
+        "",
+        f'@register("{name}")',
+        f"struct Loop_{name}:",
+        "    @staticmethod",
+        "    def execute[target: StaticString](",
+        *args,
+        "        ctx: DeviceContext,",
+        "    ) raises:",
+        f'        comptime assert target == "cpu", "{name}: CPU only"',
+        *(indent + line for line in pointers),
+        # XLA's and MAX's CPU kernels read and write denormals as zeros.
+        indent + "with FlushDenormals():",
+        *(indent + "    " + line for line in e.decls),
+        *e.lines,
+        "",
+    ])
+    return LoopKernel(name, source, tuple(e.consts), e.work)

@@ -1,0 +1,136 @@
+"""scan and while_loop on the CPU as one generated Mojo kernel each.
+
+juju_ops_lax lowers a loop onto MAX's `while_loop`, whose every trip goes
+through MAX's runtime (~15-35 us on the CPU whatever the body holds): a
+`lax.scan` RNN step that XLA runs in 0.4 us cost ~50 us (issue 17). Here a
+loop whose body `loop_codegen` can write (static shapes; float32/64,
+int32/64, uint32 and bool; the equations listed there) and whose work per
+iteration is small (at most MAX_WORK element operations: beyond that MAX's
+vectorized, multi-threaded ops win over scalar loops) becomes a kernel
+`juju_loop_<hash of its source>`, built with `mojo precompile` into juju's
+kernel cache (seconds, once per distinct loop) and added to the graph.
+Anything else, and every loop on a GPU, keeps lax's rule, and so does
+every loop when the environment sets `JUJU_LOOP_KERNELS=0`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import logging
+import math
+import os
+import shutil
+import tempfile
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+from max.graph import TensorType, ops
+
+import juju
+from juju import CompileError
+from juju import primitives as P
+from juju.lowering_helpers import load_kernel_library
+from juju_kernels_mojo.build import build_kernel_library
+from juju_kernels_mojo.loop_codegen import SUPPORTED_DTYPES, LoopKernel, Unsupported, loop_source
+
+log = logging.getLogger("juju")
+rules = juju.RuleSet(dtypes=tuple(SUPPORTED_DTYPES))
+
+#: Most element operations per outermost iteration a generated loop takes.
+MAX_WORK = 1 << 16
+#: Longest generated source (lines): Mojo's compile time grows with it.
+MAX_LINES = 5000
+
+_NAME = "juju_loop_KERNEL_HASH"
+_lock = threading.Lock()
+_kernels: OrderedDict = OrderedDict()  # id(eqn) -> (eqn, kernel or None): guard, then rule
+_source_root: Path | None = None
+
+
+def _kernel_for(ctx) -> tuple[LoopKernel, Path] | None:
+    """The generated kernel for ctx's loop and its built library, or None
+    where lax's rule stays."""
+    key = id(ctx.eqn)
+    with _lock:
+        hit = _kernels.get(key)
+        if hit is not None and hit[0] is ctx.eqn:
+            return hit[1]
+    enabled = os.environ.get("JUJU_LOOP_KERNELS", "1") != "0"
+    found = _generate(ctx) if enabled and ctx.device.is_cpu() else None
+    with _lock:
+        _kernels[key] = (ctx.eqn, found)
+        while len(_kernels) > 256:
+            _kernels.popitem(last=False)
+    return found
+
+
+def _generate(ctx) -> tuple[LoopKernel, Path] | None:
+    try:
+        draft = loop_source(ctx.eqn.primitive, ctx.eqn.params, ctx.avals_in, ctx.avals_out,
+                            _NAME)
+    except Unsupported as why:
+        log.debug("juju: %s stays a MAX loop: %s", ctx.eqn.primitive, why)
+        return None
+    if draft.work > MAX_WORK or draft.source.count("\n") > MAX_LINES:
+        log.debug("juju: %s stays a MAX loop: %d element operations per iteration, %d "
+                  "lines of Mojo", ctx.eqn.primitive, draft.work, draft.source.count("\n"))
+        return None
+    digest = hashlib.sha256(draft.source.encode()).hexdigest()[:16]
+    name = _NAME.replace("KERNEL_HASH", digest)
+    kernel = LoopKernel(name, draft.source.replace(_NAME, name), draft.consts, draft.work)
+    try:
+        return kernel, _library(kernel)
+    except CompileError as exc:  # a generator bug: the loop still runs, as a MAX loop
+        log.warning("juju: the generated kernel for a %s failed to build; using MAX's loop "
+                    "instead. Please report it with this message:\n%s", ctx.eqn.primitive, exc)
+        return None
+
+
+def _library(kernel: LoopKernel) -> Path:
+    """The built `.mojoc` of a generated kernel (cached by source hash)."""
+    global _source_root
+    with _lock:
+        if _source_root is None:
+            _source_root = Path(tempfile.mkdtemp(prefix="juju-loops-"))
+            atexit.register(shutil.rmtree, _source_root, ignore_errors=True)
+        folder = _source_root / kernel.name
+        folder.mkdir(exist_ok=True)
+        (folder / "__init__.mojo").write_text("")
+        (folder / "loop.mojo").write_text(kernel.source)
+    return build_kernel_library(folder, kernel.name)
+
+
+def generated(ctx) -> bool:
+    return _kernel_for(ctx) is not None
+
+
+def _flat(x, aval):
+    return ops.reshape(x, [math.prod(aval.shape)])
+
+
+def _lower(ctx, args):
+    kernel, library = _kernel_for(ctx)
+    load_kernel_library(library)
+    operands = [_flat(x, a) for x, a in zip(args, ctx.avals_in)]
+    operands += [ctx.constant(c.reshape(-1), c.dtype) for c in kernel.consts]
+    out_types = [TensorType(ctx.max_dtype(a.dtype), [math.prod(a.shape)], device=ctx.device)
+                 for a in ctx.avals_out]
+    outs = ops.custom(kernel.name, ctx.device, operands, out_types)
+    return [ops.reshape(o, list(a.shape)) for o, a in zip(outs, ctx.avals_out)]
+
+
+def _register(primitive):
+    return rules.register(primitive, priority=juju.Priority.KERNEL, guard=generated)
+
+
+# The params are read by the generator from the equation (ctx.eqn.params).
+@_register(P.scan_p)
+def lower_scan(ctx, *args, reverse, length, jaxpr, unroll, _split_transpose=False, **layout):
+    return _lower(ctx, args)
+
+
+@_register(P.while_p)
+def lower_while(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
+    return _lower(ctx, args)
