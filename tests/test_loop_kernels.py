@@ -258,7 +258,7 @@ def test_cases_cover_every_supported_equation():
     for name, (fn, args) in CASES.items():
         with jax.enable_x64(_x64(name)):
             _primitives(jax.make_jaxpr(fn)(*args).jaxpr, found)
-    supported = set(loop_codegen.ELEMENTWISE) | set(loop_codegen._EQUATIONS)
+    supported = set(loop_codegen.ELEMENTWISE) | set(loop_codegen.EQUATIONS)
     # Call and copy primitives jax no longer writes into traced programs.
     elsewhere = {"copy", "copy_p", "closed_call", "core_call", "call", "stop_gradient"}
     missing = {p.name for p in supported - found} - elsewhere

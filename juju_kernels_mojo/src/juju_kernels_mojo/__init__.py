@@ -11,7 +11,9 @@ Kernels for lax primitives MAX has no op for (at `Priority.KERNEL`): integer
 `and`/`or`/`xor`/`not`, `shift_left`, `shift_right_logical`,
 `shift_right_arithmetic`, `population_count`, `clz`, and `threefry2x32`;
 on the CPU, `cholesky`, `lu` and `triangular_solve` of real matrices (their
-own library, `juju_linalg`: linalg_rules.py).
+own library, `juju_linalg`: linalg_rules.py). On the CPU, `scan` and
+`while` loops whose bodies loop_codegen.py can write become one generated
+kernel each (loop_rules.py; a library per loop, `juju_loop_<hash>`).
 """
 
 from pathlib import Path

@@ -26,209 +26,14 @@ from jax.extend import core as jex_core
 
 from juju import primitives as P
 from juju._compat import call_primitives, open_jaxpr, scan_layout
+from juju_kernels_mojo.loop_mojo import (
+    ELEMENTWISE, FLOAT_DIV, FLOAT_ONLY, INTEGER_ONLY, PRELUDE, VECTOR_BYTES,
+    Array, Const, Unsupported, add_offsets, binary_expression, unary_expression, index_expr, literal, mojo_dtype,
+    scalar_type, strides,
+)
 
-VECTOR_BYTES = 32  # SIMD width of generated dot products (AVX2)
-
-SUPPORTED_DTYPES = {
-    np.dtype(np.float32): "float32", np.dtype(np.float64): "float64",
-    np.dtype(np.int32): "int32", np.dtype(np.int64): "int64",
-    np.dtype(np.uint32): "uint32", np.dtype(np.bool_): "bool",
-}
-
-
-class Unsupported(Exception):
-    """The loop holds something this generator does not write."""
-
-
-def mojo_dtype(dtype) -> str:
-    try:
-        return "DType." + SUPPORTED_DTYPES[np.dtype(dtype)]
-    except (KeyError, TypeError):
-        raise Unsupported(f"dtype {dtype}") from None
-
-
-def scalar_type(dtype) -> str:
-    return f"Scalar[{mojo_dtype(dtype)}]"
-
-
-def literal(value, dtype) -> str:
-    """A Mojo scalar literal of `dtype`, special floats included."""
-    dtype = np.dtype(dtype)
-    t = mojo_dtype(dtype)
-    value = np.asarray(value, dtype).item()
-    if dtype == np.bool_:
-        return f"Scalar[{t}]({bool(value)})"
-    if dtype.kind == "f":
-        if math.isnan(value):
-            return f"nan[{t}]()"
-        if math.isinf(value):
-            return f"{'-' if value < 0 else ''}inf[{t}]()"
-        if value == 0 and math.copysign(1, value) < 0:
-            return f"Scalar[{t}](-0.0)"
-        return f"Scalar[{t}]({float(value)!r})"
-    return f"Scalar[{t}]({int(value)})"
-
-
-def _add(a: str, b: str) -> str:
-    return b if a in ("", "0") else a if b in ("", "0") else f"{a} + {b}"
-
-
-@dataclass(frozen=True)
-class Array:
-    """A flat array in the kernel: `ptr[offset + i]`, row-major `shape`."""
-
-    ptr: str
-    shape: tuple
-    dtype: np.dtype
-    offset: str = ""
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    def at(self, index: str) -> str:
-        return f"{self.ptr}[unsafe_offset={_add(self.offset, index) or '0'}]"
-
-    def row(self, index: str) -> Array:
-        """Row `index` (an expression) of the leading axis."""
-        row = math.prod(self.shape[1:])
-        return Array(self.ptr, self.shape[1:], self.dtype, _add(self.offset, f"({index}) * {row}"))
-
-
-@dataclass(frozen=True)
-class Const:
-    """A literal: every element the same value."""
-
-    value: object
-    shape: tuple
-    dtype: np.dtype
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    def at(self, index: str) -> str:
-        return literal(self.value, self.dtype)
-
-
-def strides(shape) -> list[int]:
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    return out[::-1]
-
-
-def index_expr(indices, stride_list) -> str:
-    terms = [i if s == 1 else f"{i} * {s}" for i, s in zip(indices, stride_list) if s != 0]
-    return " + ".join(terms) or "0"
-
-
-# --- elementwise expressions ------------------------------------------------------
-# Each takes the operands' dtypes and expressions and returns an expression;
-# float math passes NaN through explicitly (keep_nan): Mojo's exp and friends
-# do not all return NaN for NaN.
-
-def _float_fn(name):
-    return lambda dt, x: f"keep_nan({x}, {name}({x}))"
-
-
-def _sign(dt, x):
-    if dt.kind == "f":  # sign(-0.0) is -0.0, sign(NaN) NaN
-        return f"keep_nan({x}, copysign({literal(1, dt)}, {x}) if {x} != 0 else {x})"
-    t = mojo_dtype(dt)
-    return f"Scalar[DType.bool]({x} > 0).cast[{t}]() - Scalar[DType.bool]({x} < 0).cast[{t}]()"
-
-
-def _unary(prim):
-    return {
-        P.neg_p: lambda dt, x: f"-{x}",
-        P.abs_p: lambda dt, x: f"abs({x})",
-        P.exp_p: _float_fn("exp"), P.log_p: _float_fn("log"), P.tanh_p: _float_fn("tanh"),
-        P.sin_p: _float_fn("sin"), P.cos_p: _float_fn("cos"), P.sqrt_p: _float_fn("sqrt"),
-        P.log1p_p: _float_fn("log1p"), P.expm1_p: _float_fn("expm1"),
-        # Mojo's exp2 is a coarse approximation (2^inf = 8.5e37): 2^x = e^(x ln 2).
-        P.exp2_p: lambda dt, x: f"keep_nan({x}, exp({x} * {literal(math.log(2), dt)}))",
-        P.erf_p: _float_fn("erf"),
-        P.floor_p: _float_fn("floor"), P.ceil_p: _float_fn("ceil"),
-        P.rsqrt_p: lambda dt, x: f"keep_nan({x}, 1 / sqrt({x}))",
-        P.logistic_p: lambda dt, x: f"keep_nan({x}, 1 / (1 + exp(-{x})))",
-        P.sign_p: _sign,
-        P.is_finite_p: lambda dt, x: f"not (isnan({x}) or isinf({x}))",
-        P.not_p: lambda dt, x: f"~{x}",
-        P.square_p: lambda dt, x: f"{x} * {x}",
-    }.get(prim)
-
-
-def _binary(prim):
-    return {
-        P.add_p: lambda dt, a, b: f"{a} + {b}",
-        P.sub_p: lambda dt, a, b: f"{a} - {b}",
-        P.mul_p: lambda dt, a, b: f"{a} * {b}",
-        P.max_p: lambda dt, a, b: f"max_nan({a}, {b})",
-        P.min_p: lambda dt, a, b: f"min_nan({a}, {b})",
-        P.and_p: lambda dt, a, b: f"{a} & {b}",
-        P.or_p: lambda dt, a, b: f"{a} | {b}",
-        P.xor_p: lambda dt, a, b: f"{a} ^ {b}",
-        P.eq_p: lambda dt, a, b: f"{a} == {b}",
-        P.ne_p: lambda dt, a, b: f"{a} != {b}",
-        P.lt_p: lambda dt, a, b: f"{a} < {b}",
-        P.le_p: lambda dt, a, b: f"{a} <= {b}",
-        P.gt_p: lambda dt, a, b: f"{a} > {b}",
-        P.ge_p: lambda dt, a, b: f"{a} >= {b}",
-        P.atan2_p: lambda dt, a, b: f"atan2({a}, {b})",
-    }.get(prim)
-
-
-FLOAT_ONLY = {P.exp_p, P.log_p, P.tanh_p, P.sin_p, P.cos_p, P.sqrt_p, P.log1p_p, P.expm1_p,
-              P.exp2_p, P.erf_p, P.floor_p, P.ceil_p, P.rsqrt_p, P.logistic_p, P.is_finite_p,
-              P.atan2_p}
-INTEGER_ONLY = {P.not_p, P.and_p, P.or_p, P.xor_p}
-FLOAT_DIV = {P.div_p}  # integer division rounds toward zero in lax: left to MAX
-
-PRELUDE = '''\
-from extensibility import register, InputTensor, OutputTensor
-from max.gpu.host import DeviceContext
-from std.math import (atan2, ceil, copysign, cos, erf, exp, expm1, floor, isinf, isnan, log,
-                      log1p, sin, sqrt, tanh)
-from std.utils.numerics import FlushDenormals, inf, max_finite, min_finite, nan
-
-
-@always_inline
-def keep_nan[dt: DType](x: Scalar[dt], y: Scalar[dt]) -> Scalar[dt]:
-    comptime if dt.is_floating_point():
-        return x if isnan(x) else y
-    else:
-        return y
-
-
-@always_inline
-def max_nan[dt: DType](a: Scalar[dt], b: Scalar[dt]) -> Scalar[dt]:
-    comptime if dt.is_floating_point():
-        if isnan(a):
-            return a
-    return a if a > b else b
-
-
-@always_inline
-def min_nan[dt: DType](a: Scalar[dt], b: Scalar[dt]) -> Scalar[dt]:
-    comptime if dt.is_floating_point():
-        if isnan(a):
-            return a
-    return a if a < b else b
-
-
-@always_inline
-def float_to_int[src: DType, dst: DType](x: Scalar[src]) -> Scalar[dst]:
-    # XLA's conversion: NaN -> 0, out-of-range values saturate.
-    if isnan(x):
-        return 0
-    if x <= min_finite[dst]().cast[src]():
-        return min_finite[dst]()
-    if x >= max_finite[dst]().cast[src]():
-        return max_finite[dst]()
-    return x.cast[dst]()
-'''
+_strides_of = strides  # `slice` has a parameter named strides
+__all__ = ["Unsupported", "LoopKernel", "loop_source"]
 
 
 class Emitter:
@@ -332,9 +137,9 @@ class Emitter:
     # -- equations ---------------------------------------------------------------
 
     def equation(self, prim, ins, outs, params) -> None:
-        method = _EQUATIONS.get(prim)
+        method = EQUATIONS.get(prim)
         if method is None:
-            method = Emitter.elementwise if _is_elementwise(prim) else None
+            method = Emitter.elementwise if prim in ELEMENTWISE else None
         if method is None:
             raise Unsupported(f"primitive {prim.name}")
         method(self, prim, ins, outs, **params)
@@ -386,7 +191,7 @@ class Emitter:
         elif prim is P.add_jaxvals_p:
             expr = f"{args[0]} + {args[1]}"
         else:
-            fn = _unary(prim) or _binary(prim)
+            fn = unary_expression(prim) or binary_expression(prim)
             expr = fn(dt, *args)
         self.emit(f"{out.at(at)} = {expr}")
 
@@ -420,7 +225,7 @@ class Emitter:
         out_strides = strides(out.shape)
 
         def body(idx):
-            at = _add(src_offset, index_expr(idx, src_strides))
+            at = add_offsets(src_offset, index_expr(idx, src_strides))
             self.emit(f"{out.at(index_expr(idx, out_strides))} = {src.at(at)}")
 
         if out.size:
@@ -476,7 +281,7 @@ class Emitter:
         up = _strides_of(update.shape)
 
         def body(idx):
-            at = _add(offset, index_expr(idx, st))
+            at = add_offsets(offset, index_expr(idx, st))
             self.emit(f"{out.at(at)} = {update.at(index_expr(idx, up))}")
 
         if update.size:
@@ -500,7 +305,7 @@ class Emitter:
             src = _strides_of(x.shape)
 
             def body(idx, x=x, at=at, src=src):
-                dst = _add(str(at * st[dimension]) if at else "", index_expr(idx, st))
+                dst = add_offsets(str(at * st[dimension]) if at else "", index_expr(idx, st))
                 self.emit(f"{out.at(dst)} = {x.at(index_expr(idx, src))}")
 
             if x.size:
@@ -594,12 +399,12 @@ class Emitter:
 
                     def inner(cidx):
                         a = lhs.at(operand(ls, lf, lb, lc, idx, cidx, idx_l))
-                        b_at = _add(operand(rs, rf, rb, rc, idx, cidx, [*idx_r, j]), rhs.offset)
+                        b_at = add_offsets(operand(rs, rf, rb, rc, idx, cidx, [*idx_r, j]), rhs.offset)
                         self.emit(f"{acc} += {a} * {rhs.ptr}.unsafe_offset({b_at}).unsafe_load"
                                   f"[width={width}]()")
 
                     self.nest(contract, inner)
-                    o_at = _add(index_expr([*idx, j], out_st), out.offset)
+                    o_at = add_offsets(index_expr([*idx, j], out_st), out.offset)
                     self.emit(f"{out.ptr}.unsafe_offset({o_at}).unsafe_store({acc})")
                 with self.block(f"for {j} in range({n - n % width}, {n}):"):
                     self.scalar_dot(out, lhs, rhs, [*idx, j], contract, operand, load,
@@ -628,8 +433,8 @@ class Emitter:
             vec, c = self.fresh("v"), self.fresh("c")
             self.emit(f"var {vec} = SIMD[{mojo_dtype(out.dtype)}, {width}](0)")
             with self.block(f"for {c} in range(0, {n - n % width}, {width}):"):
-                a = _add(operand(*left[:4], idx, [c], left[4]), lhs.offset)
-                b = _add(operand(*right[:4], idx, [c], right[4]), rhs.offset)
+                a = add_offsets(operand(*left[:4], idx, [c], left[4]), lhs.offset)
+                b = add_offsets(operand(*right[:4], idx, [c], right[4]), rhs.offset)
                 self.emit(f"{vec} += {lhs.ptr}.unsafe_offset({a}).unsafe_load[width={width}]() "
                           f"* {rhs.ptr}.unsafe_offset({b}).unsafe_load[width={width}]()")
             self.emit(f"{acc} = {vec}.reduce_add()")
@@ -724,24 +529,7 @@ class Emitter:
             self.copy(src if direct else tmp, dst)
 
 
-def _strides_of(shape):
-    return strides(shape)
-
-
-ELEMENTWISE = {
-    P.neg_p, P.abs_p, P.exp_p, P.log_p, P.tanh_p, P.sin_p, P.cos_p, P.sqrt_p, P.log1p_p,
-    P.expm1_p, P.exp2_p, P.erf_p, P.floor_p, P.ceil_p, P.rsqrt_p, P.logistic_p, P.sign_p,
-    P.is_finite_p, P.not_p, P.square_p, P.add_p, P.sub_p, P.mul_p, P.div_p, P.max_p, P.min_p,
-    P.and_p, P.or_p, P.xor_p, P.eq_p, P.ne_p, P.lt_p, P.le_p, P.gt_p, P.ge_p, P.atan2_p,
-    P.integer_pow_p, P.select_n_p, P.clamp_p, P.convert_element_type_p, P.add_jaxvals_p,
-}
-
-
-def _is_elementwise(prim) -> bool:
-    return prim in ELEMENTWISE
-
-
-_EQUATIONS = {
+EQUATIONS = {
     P.broadcast_in_dim_p: Emitter.broadcast_in_dim,
     P.reshape_p: Emitter.reshape,
     P.squeeze_p: Emitter.reshape,

@@ -33,7 +33,8 @@ from juju import CompileError
 from juju import primitives as P
 from juju.lowering_helpers import load_kernel_library
 from juju_kernels_mojo.build import build_kernel_library
-from juju_kernels_mojo.loop_codegen import SUPPORTED_DTYPES, LoopKernel, Unsupported, loop_source
+from juju_kernels_mojo.loop_codegen import LoopKernel, loop_source
+from juju_kernels_mojo.loop_mojo import SUPPORTED_DTYPES, Unsupported
 
 log = logging.getLogger("juju")
 rules = juju.RuleSet(dtypes=tuple(SUPPORTED_DTYPES))
