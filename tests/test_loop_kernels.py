@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
 
 import juju
 from juju_kernels_mojo import loop_codegen
@@ -165,6 +167,29 @@ def wrappers(xs):
     return lax.scan(step, jnp.ones(5, jnp.float32), xs)
 
 
+def _scaled_relu(x, *, scale):
+    return scale * jnp.maximum(x, 0.0)
+
+
+# A primitive as libraries define one (equinox's unvmap_any, nonbatchable):
+# no rule, a traceable JAX implementation, which the generator writes inline.
+scaled_relu_p = Primitive("loop_test_scaled_relu")
+scaled_relu_p.def_impl(_scaled_relu)
+scaled_relu_p.def_abstract_eval(lambda x, *, scale: jax.core.ShapedArray(x.shape, x.dtype))
+mlir.register_lowering(scaled_relu_p, mlir.lower_fun(_scaled_relu, multiple_results=False))
+
+
+def library_primitive(x):
+    def cond(s):
+        return s[1] < 4
+
+    def body(s):
+        v, i = s
+        v = scaled_relu_p.bind(jnp.squeeze(v[None, :, None], (0, 2)) - 1.0, scale=1.5)
+        return v, i + 1
+    return lax.while_loop(cond, body, (x, 0))
+
+
 def float64_rnn(w, xs):
     def cell(h, x):
         return jnp.tanh(w @ h + x), h.sum()
@@ -188,6 +213,7 @@ CASES = {
                         np.array([2.0, 9.0, 4.0, 1.0, -1.0, 7.0], np.float32))),
     "carries": (carries, (normal(3),)),
     "wrappers": (wrappers, (normal(4, 5),)),
+    "library_primitive": (library_primitive, (normal(6) * 4,)),
     "float64_rnn": (float64_rnn, (normal(9, 9, dtype=np.float64) * 0.3,
                                   normal(12, 9, dtype=np.float64))),
 }

@@ -79,6 +79,13 @@ def _binds(jaxpr, primitive) -> bool:
     )
 
 
+def implementation(primitive, avals, params):
+    """The closed Jaxpr of `primitive`'s JAX implementation (CPU) on `avals`
+    and `params`, or None where it has none that traces. For rules that
+    write a whole sub-program themselves (generated loop kernels)."""
+    return _trace(primitive, "cpu", tuple(avals), _freeze(params))[0]
+
+
 def has_jax_implementation(ctx) -> bool:
     """Guard: the primitive's JAX implementation traces on this equation."""
     return traced(ctx)[0] is not None

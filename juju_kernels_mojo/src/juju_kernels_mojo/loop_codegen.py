@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from jax.extend import core as jex_core
 
+from juju import fallback
 from juju import primitives as P
 from juju._compat import call_primitives, open_jaxpr, scan_layout
 from juju_kernels_mojo.loop_mojo import (
@@ -116,7 +117,7 @@ class Emitter:
                 self.check_aval(v.aval)
             ins = [read(a) for a in eqn.invars]
             outs = [self.scratch(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
-            self.equation(eqn.primitive, ins, outs, eqn.params)
+            self.equation(eqn.primitive, ins, outs, eqn.params, [v.aval for v in eqn.invars])
             self.work += sum(o.size for o in outs)
             env.update(zip(eqn.outvars, outs))
         return [read(a) for a in jaxpr.outvars]
@@ -136,10 +137,19 @@ class Emitter:
 
     # -- equations ---------------------------------------------------------------
 
-    def equation(self, prim, ins, outs, params) -> None:
+    def equation(self, prim, ins, outs, params, avals=None) -> None:
         method = EQUATIONS.get(prim)
         if method is None:
             method = Emitter.elementwise if prim in ELEMENTWISE else None
+        if method is None and avals is not None:
+            # A primitive with a traceable JAX implementation (equinox's
+            # unvmap_any, nonbatchable, ...): its jaxpr, as juju's fallback does.
+            closed = fallback.implementation(prim, avals, params)
+            if closed is not None:
+                outs_of = self.jaxpr(closed, ins)
+                for src, dst in zip(outs_of, outs, strict=True):
+                    self.copy(src, dst)
+                return
         if method is None:
             raise Unsupported(f"primitive {prim.name}")
         method(self, prim, ins, outs, **params)
@@ -246,6 +256,9 @@ class Emitter:
         if params.get("dimensions"):
             raise Unsupported("reshape with dimensions")
         self.copy(ins[0], outs[0])
+
+    def squeeze(self, prim, ins, outs, *, dimensions):
+        self.copy(ins[0], outs[0])  # same elements, same order
 
     def transpose(self, prim, ins, outs, *, permutation):
         (operand,), (out,) = ins, outs
@@ -532,7 +545,7 @@ class Emitter:
 EQUATIONS = {
     P.broadcast_in_dim_p: Emitter.broadcast_in_dim,
     P.reshape_p: Emitter.reshape,
-    P.squeeze_p: Emitter.reshape,
+    P.squeeze_p: Emitter.squeeze,
     P.transpose_p: Emitter.transpose,
     P.rev_p: Emitter.rev,
     P.slice_p: Emitter.slice,
