@@ -230,8 +230,7 @@ def _generated_loops(fn, args, kw=None) -> set:
 
 # test_control_flow's cases (lax's loops there) whose loops the generator takes.
 CONTROL_FLOW = {name: case for name, case in control_flow.CASES.items()
-                if ("mojo", "lower_scan") in _generated_loops(*case)
-                or ("mojo", "lower_while") in _generated_loops(*case)}
+                if _generated_loops(*case) & {("mojo", "lower_scan"), ("mojo", "lower_while")}}
 
 
 @pytest.fixture(scope="module")

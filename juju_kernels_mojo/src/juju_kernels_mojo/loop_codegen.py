@@ -30,10 +30,10 @@ from juju._compat import call_primitives, open_jaxpr, scan_layout
 from juju_kernels_mojo.loop_mojo import (
     ELEMENTWISE, FLOAT_DIV, FLOAT_ONLY, INTEGER_ONLY, PRELUDE, VECTOR_BYTES,
     Array, Const, Unsupported, add_offsets, binary_expression, unary_expression, index_expr, literal, mojo_dtype,
-    scalar_type, strides,
+    scalar_type,
 )
-
-_strides_of = strides  # `slice` has a parameter named strides
+# Imported under another name: `slice`'s equation has a parameter named strides.
+from juju_kernels_mojo.loop_mojo import strides as row_major
 __all__ = ["Unsupported", "LoopKernel", "loop_source"]
 
 
@@ -42,6 +42,7 @@ class Emitter:
 
     def __init__(self):
         self.decls: list[str] = []  # scratch allocation, before the loops
+        self.scratch_ptrs: set[str] = set()  # the buffers `scratch` allocated
         self.lines: list[str] = []
         self.depth = 3  # inside execute's `with FlushDenormals():`
         self.count = 0
@@ -73,6 +74,7 @@ class Emitter:
         self.decls.append(
             f"var {name}_list = List[{scalar_type(dtype)}](length={size}, fill=0)")
         self.decls.append(f"var {name} = {name}_list.unsafe_ptr()")
+        self.scratch_ptrs.add(name)
         return Array(name, shape, np.dtype(dtype))
 
     def nest(self, shape, body) -> None:
@@ -171,12 +173,12 @@ class Emitter:
                              k, dt, params)
             return
         # lax broadcasts size-1 axes of equal-rank operands: stride 0 there.
-        out_st = _strides_of(out.shape)
+        out_st = row_major(out.shape)
 
         def body(idx):
             args = []
             for x in ins:
-                st = [0 if d == 1 else s for d, s in zip(x.shape, _strides_of(x.shape))]
+                st = [0 if d == 1 else s for d, s in zip(x.shape, row_major(x.shape))]
                 args.append(x.at(index_expr(idx, st) if x.shape else "0"))
             self.element(prim, ins, out, args, index_expr(idx, out_st), dt, params)
 
@@ -230,22 +232,28 @@ class Emitter:
             return f"float_to_int[{mojo_dtype(src)}, {mojo_dtype(dst)}]({x})"
         return f"{x}.cast[{mojo_dtype(dst)}]()"
 
+    def copy_strided(self, shape, dst: Array, dst_strides, src, src_strides,
+                     dst_offset: str = "", src_offset: str = "") -> None:
+        """dst[dst_offset + sum(i * dst_stride)] = src[src_offset + sum(i * src_stride)]
+        for every index i of `shape`."""
+        def body(idx):
+            to = add_offsets(dst_offset, index_expr(idx, dst_strides))
+            at = add_offsets(src_offset, index_expr(idx, src_strides))
+            self.emit(f"{dst.at(to)} = {src.at(at)}")
+
+        if math.prod(shape):
+            self.nest(shape, body)
+
     def strided(self, out: Array, src, src_strides, src_offset: str = "") -> None:
         """out[i...] = src[offset + sum(i * stride)] over out's shape."""
-        out_strides = strides(out.shape)
-
-        def body(idx):
-            at = add_offsets(src_offset, index_expr(idx, src_strides))
-            self.emit(f"{out.at(index_expr(idx, out_strides))} = {src.at(at)}")
-
-        if out.size:
-            self.nest(out.shape, body)
+        self.copy_strided(out.shape, out, row_major(out.shape), src, src_strides,
+                          src_offset=src_offset)
 
     def broadcast_in_dim(self, prim, ins, outs, *, shape, broadcast_dimensions, sharding=None):
         operand, (out,) = ins[0], outs
         if len(ins) > 1:
             raise Unsupported("broadcast_in_dim with dynamic shapes")
-        src = strides(operand.shape)
+        src = row_major(operand.shape)
         st = [0] * len(out.shape)
         for axis, d in enumerate(broadcast_dimensions):
             if operand.shape[axis] != 1:
@@ -262,26 +270,26 @@ class Emitter:
 
     def transpose(self, prim, ins, outs, *, permutation):
         (operand,), (out,) = ins, outs
-        src = strides(operand.shape)
+        src = row_major(operand.shape)
         self.strided(out, operand, [src[p] for p in permutation])
 
     def rev(self, prim, ins, outs, *, dimensions):
         (operand,), (out,) = ins, outs
-        src = strides(operand.shape)
+        src = row_major(operand.shape)
         st = [-s if d in dimensions else s for d, s in enumerate(src)]
         offset = sum((operand.shape[d] - 1) * src[d] for d in dimensions)
         self.strided(out, operand, st, str(offset) if offset else "")
 
     def slice(self, prim, ins, outs, *, start_indices, limit_indices, strides: tuple | None):
         (operand,), (out,) = ins, outs
-        src = _strides_of(operand.shape)
+        src = row_major(operand.shape)
         step = strides or (1,) * len(src)
         offset = sum(s * b for s, b in zip(src, start_indices))
         self.strided(out, operand, [s * k for s, k in zip(src, step)], str(offset))
 
     def dynamic_slice(self, prim, ins, outs, *, slice_sizes):
         operand, starts, (out,) = ins[0], ins[1:], outs
-        src = _strides_of(operand.shape)
+        src = row_major(operand.shape)
         offset = self.clamped_offset(operand.shape, starts, slice_sizes, src)
         self.strided(out, operand, src, offset)
 
@@ -289,16 +297,10 @@ class Emitter:
         operand, update, starts = ins[0], ins[1], ins[2:]
         (out,) = outs
         self.copy(operand, out)
-        st = _strides_of(out.shape)
+        st = row_major(out.shape)
         offset = self.clamped_offset(out.shape, starts, update.shape, st)
-        up = _strides_of(update.shape)
-
-        def body(idx):
-            at = add_offsets(offset, index_expr(idx, st))
-            self.emit(f"{out.at(at)} = {update.at(index_expr(idx, up))}")
-
-        if update.size:
-            self.nest(update.shape, body)
+        self.copy_strided(update.shape, out, st, update, row_major(update.shape),
+                          dst_offset=offset)
 
     def clamped_offset(self, shape, starts, sizes, st) -> str:
         """The flat offset of a dynamic slice, starts clamped as lax does."""
@@ -312,22 +314,16 @@ class Emitter:
 
     def concatenate(self, prim, ins, outs, *, dimension):
         (out,) = outs
-        st = _strides_of(out.shape)
+        st = row_major(out.shape)
         at = 0
         for x in ins:
-            src = _strides_of(x.shape)
-
-            def body(idx, x=x, at=at, src=src):
-                dst = add_offsets(str(at * st[dimension]) if at else "", index_expr(idx, st))
-                self.emit(f"{out.at(dst)} = {x.at(index_expr(idx, src))}")
-
-            if x.size:
-                self.nest(x.shape, body)
+            self.copy_strided(x.shape, out, st, x, row_major(x.shape),
+                              dst_offset=str(at * st[dimension]) if at else "")
             at += x.shape[dimension]
 
     def iota(self, prim, ins, outs, *, dtype, shape, dimension, sharding=None):
         (out,) = outs
-        st = _strides_of(out.shape)
+        st = row_major(out.shape)
 
         def body(idx):
             value = f"Scalar[{mojo_dtype(out.dtype)}]({idx[dimension]})"
@@ -351,10 +347,10 @@ class Emitter:
         if dt == np.bool_ and prim not in (P.reduce_and_p, P.reduce_or_p):
             raise Unsupported(f"{prim.name} of bool")
         self.copy(Const(init, out.shape, dt), out)
-        src = _strides_of(operand.shape)
+        src = row_major(operand.shape)
         kept = [d for d in range(len(operand.shape)) if d not in axes]
         out_st = [0] * len(operand.shape)
-        for d, s in zip(kept, _strides_of(out.shape)):
+        for d, s in zip(kept, row_major(out.shape)):
             out_st[d] = s
 
         def body(idx):
@@ -371,10 +367,10 @@ class Emitter:
         (lc, rc), (lb, rb) = dimension_numbers
         if out.dtype == np.bool_:
             raise Unsupported("dot_general of bool")
-        ls, rs = _strides_of(lhs.shape), _strides_of(rhs.shape)
+        ls, rs = row_major(lhs.shape), row_major(rhs.shape)
         lf = [d for d in range(len(lhs.shape)) if d not in lc and d not in lb]
         rf = [d for d in range(len(rhs.shape)) if d not in rc and d not in rb]
-        out_st = _strides_of(out.shape)
+        out_st = row_major(out.shape)
         contract = [lhs.shape[d] for d in lc]
         nb = len(lb)
         self.work += out.size * math.prod(contract)
@@ -455,7 +451,7 @@ class Emitter:
                 a = lhs.at(operand(*left[:4], idx, [c], left[4]))
                 b = rhs.at(operand(*right[:4], idx, [c], right[4]))
                 self.emit(f"{acc} += {a} * {b}")
-            self.emit(f"{out.at(index_expr(idx, _strides_of(out.shape)))} = {acc}")
+            self.emit(f"{out.at(index_expr(idx, row_major(out.shape)))} = {acc}")
             return
 
         def inner(cidx):
@@ -464,7 +460,7 @@ class Emitter:
             self.emit(f"{acc} += {a} * {b}")
 
         self.nest(contract, inner)
-        self.emit(f"{out.at(index_expr(idx, _strides_of(out.shape)))} = {acc}")
+        self.emit(f"{out.at(index_expr(idx, row_major(out.shape)))} = {acc}")
 
     def call(self, prim, ins, outs, **params):
         jaxpr = params.get("jaxpr", params.get("call_jaxpr"))
@@ -533,7 +529,7 @@ class Emitter:
         """carry = new. A value computed in the body is copied straight in;
         one that is a carry, an input or a literal goes through `staged`
         (a carry may be overwritten before another reads it)."""
-        computed = [isinstance(v, Array) and v.ptr.startswith("t") and v.ptr not in
+        computed = [isinstance(v, Array) and v.ptr in self.scratch_ptrs and v.ptr not in
                     {c.ptr for c in carry} for v in new]
         for src, dst, direct in zip(new, staged, computed):
             if not direct:
