@@ -11,7 +11,8 @@ Kernels for lax primitives MAX has no op for (at `Priority.KERNEL`): integer
 `and`/`or`/`xor`/`not`, `shift_left`, `shift_right_logical`,
 `shift_right_arithmetic`, `population_count`, `clz`, and `threefry2x32`;
 on the CPU, `cholesky`, `lu` and `triangular_solve` of real matrices (their
-own library, `juju_linalg`: linalg_rules.py). On the CPU, `scan` and
+own library, `juju_linalg`: linalg_rules.py); on the CPU, `sort`, `top_k` and
+the cumulative reductions (`juju_sequence`: sequence_rules.py). On the CPU, `scan` and
 `while` loops whose bodies loop_codegen.py can write become one generated
 kernel each (loop_rules.py; a library per loop, `juju_loop_<hash>`).
 """
@@ -46,11 +47,23 @@ def linalg_library_path() -> Path:
 
 linalg_library = juju.KernelLibrary(LINALG_LIBRARY, path=linalg_library_path)
 
+SEQUENCE_LIBRARY = "juju_sequence"
+SEQUENCE_KERNEL_DIR = Path(__file__).resolve().parent / "sequence_kernels"
+
+
+def sequence_library_path() -> Path:
+    """The compiled library of sort, top_k and cumulative kernels (sequence_rules.py)."""
+    return build_kernel_library(SEQUENCE_KERNEL_DIR, SEQUENCE_LIBRARY)
+
+
+sequence_library = juju.KernelLibrary(SEQUENCE_LIBRARY, path=sequence_library_path)
+
 from juju_kernels_mojo.primitives import add_one, fma, row_logsumexp  # noqa: E402
 
 __all__ = [
     "build_kernel_library", "cache_dir", "source_hash", "call_kernel", "broadcast_operands",
     "library_path", "kernel_library", "LIBRARY", "KERNEL_DIR", "linalg_library_path",
-    "linalg_library", "LINALG_LIBRARY", "LINALG_KERNEL_DIR", "add_one", "fma",
+    "linalg_library", "LINALG_LIBRARY", "LINALG_KERNEL_DIR", "sequence_library_path",
+    "sequence_library", "SEQUENCE_LIBRARY", "SEQUENCE_KERNEL_DIR", "add_one", "fma",
     "row_logsumexp",
 ]

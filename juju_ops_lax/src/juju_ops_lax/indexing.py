@@ -191,6 +191,18 @@ def _scatter_flat(ctx, indices, dnums, mode):
     return flat, _all(ctx, masks, upd_shape)
 
 
+def scatter_targets(ctx, indices, dimension_numbers, mode):
+    """The flat operand index [m] (int64) of each of a scatter's m update
+    elements, in the updates' order; n (one past the operand's end) for an
+    update that `mode` drops. For rules of the scatter primitives (lax's and
+    juju-kernels-mojo's)."""
+    flat, valid = _scatter_flat(ctx, indices, dimension_numbers, mode)
+    n = math.prod(ctx.avals_in[0].shape)
+    if valid is not None:
+        flat = ops.where(valid, flat, scalar(ctx, n, _I64))
+    return ops.reshape(flat, [math.prod(ctx.avals_in[2].shape)])
+
+
 def _scatter_rule(combine):
     def lower(ctx, operand, indices, updates, *, update_jaxpr, update_consts,
               dimension_numbers, indices_are_sorted, unique_indices, mode):
@@ -202,9 +214,8 @@ def _scatter_rule(combine):
         m = math.prod(ctx.avals_in[2].shape)
         if n == 0 or m == 0:
             return operand
-        flat, valid = _scatter_flat(ctx, indices, dimension_numbers, mode)
-        if valid is not None:  # dropped updates go to the trash slot n
-            flat = ops.where(valid, flat, scalar(ctx, n, _I64))
+        flat = scatter_targets(ctx, indices, dimension_numbers, mode)
+        # slot n takes the dropped updates
         target = ops.concat([ops.reshape(operand, [n]),
                              ops.reshape(scalar(ctx, 0, dtype), [1])], axis=0)
         result = combine(ctx, target, ops.reshape(updates, [m]), ops.reshape(flat, [m, 1]))

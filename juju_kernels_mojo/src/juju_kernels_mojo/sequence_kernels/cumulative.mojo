@@ -1,0 +1,100 @@
+# Cumulative reductions (cumsum, cumprod, cummax, cummin, cumlogsumexp)
+# along the middle axis of [pre, n, post] tensors, CPU only: one pass in
+# order (or in reverse), the `post` columns of a step side by side, the
+# `pre` blocks in parallel. float32 and narrower sums accumulate in float64
+# (XLA's log-depth scan rounds differently anyway; this keeps the error at
+# one rounding per element). max/min propagate NaN, as XLA's.
+from extensibility import register, InputTensor, OutputTensor
+from max.gpu.host import DeviceContext
+from max.algorithm import sync_parallelize
+from std.math import exp, isinf, isnan, log1p
+from std.utils.numerics import inf, nan
+
+comptime ADD = 0
+comptime MUL = 1
+comptime MAX = 2
+comptime MIN = 3
+comptime LOGADDEXP = 4
+
+
+@always_inline
+def _combine[kind: Int, dtype: DType](a: Scalar[dtype], b: Scalar[dtype]) -> Scalar[dtype]:
+    comptime if kind == ADD:
+        return a + b
+    elif kind == MUL:
+        return a * b
+    elif kind == MAX or kind == MIN:
+        comptime if dtype.is_floating_point():
+            if isnan(a) or isnan(b):
+                return nan[dtype]()
+        comptime if kind == MAX:
+            return max(a, b)
+        else:
+            return min(a, b)
+    else:
+        comptime assert dtype.is_floating_point(), "juju_cumulative: logaddexp of integers"
+        if isnan(a) or isnan(b):
+            return nan[dtype]()
+        var hi = max(a, b)
+        var lo = min(a, b)
+        if isinf(hi) and hi == lo:  # inf + inf, -inf + -inf
+            return hi
+        return hi + log1p(exp(lo - hi))
+
+
+@always_inline
+def _identity[kind: Int, dtype: DType]() -> Scalar[dtype]:
+    comptime if kind == ADD:
+        return 0
+    elif kind == MUL:
+        return 1
+    elif kind == MAX or kind == LOGADDEXP:
+        comptime if dtype.is_floating_point():
+            return -inf[dtype]()
+        else:
+            return Scalar[dtype].MIN
+    else:
+        comptime if dtype.is_floating_point():
+            return inf[dtype]()
+        else:
+            return Scalar[dtype].MAX
+
+
+@register("juju_cumulative")
+struct Cumulative[kind: Int, reverse: Bool]:
+    """Output [pre, n, post]: the running reduction of x along axis 1."""
+
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        output: OutputTensor[rank=3, ...],
+        x: InputTensor[dtype=output.dtype, rank=3, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert target == "cpu", "juju_cumulative: CPU only"
+        comptime dtype = output.dtype
+        comptime wide = Self.kind == ADD and dtype.is_floating_point() and dtype != DType.float64
+        comptime acc = DType.float64 if wide else dtype
+        var pre = Int(x.dim_size(0))
+        var n = Int(x.dim_size(1))
+        var post = Int(x.dim_size(2))
+
+        def block(p: Int) {imm}:
+            var src = x.unsafe_ptr().unsafe_offset(p * n * post)
+            var dst = output.unsafe_ptr().unsafe_offset(p * n * post)
+            var total = List[Scalar[acc]](length=post, fill=_identity[Self.kind, acc]())
+            for step in range(n):
+                var i = n - 1 - step if Self.reverse else step
+                var row = i * post
+                for c in range(post):
+                    var t = _combine[Self.kind, acc](
+                        total[c], src[unsafe_offset=row + c].cast[acc]()
+                    )
+                    total[c] = t
+                    dst[unsafe_offset=row + c] = t.cast[dtype]()
+
+        if pre == 1:
+            block(0)
+        else:
+            sync_parallelize(block, pre)
