@@ -116,6 +116,30 @@ THREEFRY_ARGS = (
 )
 
 
+def bitcasts(f32, u32, f16, u8):
+    bits = lax.bitcast_convert_type
+    return {
+        "f32": (bits(f32, jnp.uint32), bits(f32, jnp.int32)),  # NaN payloads, -0.0, denormals
+        "u32": bits(u32, jnp.float32),
+        "f16": (bits(f16, jnp.uint16), bits(bits(f16, jnp.int16), jnp.float16)),
+        "bf16": bits(f32.astype(jnp.bfloat16), jnp.uint16),
+        "u8": bits(u8, jnp.int8),
+        # jax.random turns uint32 bits into floats with a bitcast: the same values
+        "uniform": jax.random.uniform(jax.random.key(7), (64,)),
+        "normal": jax.random.normal(jax.random.key(8), (64,)),
+    }
+
+
+_F32_BITS = np.array([0x7FC00001, 0xFFC00000, 0x7F800000, 0x80000000, 0x00000001, 0x3F800000],
+                     np.uint32)
+BITCAST_ARGS = (
+    np.concatenate([_F32_BITS.view(np.float32), rng.normal(size=10).astype(np.float32)]),
+    np.concatenate([_F32_BITS, rng.integers(0, 2**32, size=10, dtype=np.uint32)]),
+    np.array([np.nan, -0.0, np.inf, 6e-8, 1.5, -2.0], np.float16),
+    np.array([0, 1, 127, 128, 255], np.uint8),
+)
+
+
 def float_inputs(dtype, shape=(6, 4)):
     return [rng.normal(size=shape).astype(dtype) for _ in range(3)]
 
@@ -163,6 +187,7 @@ INPUTS = {
     "bf16": BF16_ARGS,
     "grad_and_vmap": GV_ARGS,
     "threefry": THREEFRY_ARGS,
+    "bitcasts": BITCAST_ARGS,
 }
 
 
@@ -175,6 +200,7 @@ def everything(inputs):
         "bf16": {k: BF16_FUNCTIONS[k](*args) for k, args in inputs["bf16"].items()},
         "grad_and_vmap": grad_and_vmap(*inputs["grad_and_vmap"]),
         "threefry": threefry(*inputs["threefry"]),
+        "bitcasts": bitcasts(*inputs["bitcasts"]),
     }
 
 
@@ -224,7 +250,8 @@ def test_kernel_rules_are_the_ones_that_ran(lowered):
     packs = winning_packs(lowered.closed_jaxpr)
     for prim in list(lax_rules.BINARY_OPS) + list(lax_rules.UNARY_OPS):
         assert packs[prim.name] == {"mojo"}, prim.name
-    for name in ("threefry2x32", "add_one", "fma", "row_logsumexp", "nn_fused"):
+    for name in ("threefry2x32", "add_one", "fma", "row_logsumexp", "nn_fused",
+                 "bitcast_convert_type"):
         assert packs[name] == {"mojo"}, name
     assert lowered.as_text().count("juju_row_softmax") == 2 * 3 + 3  # f32, f16, bf16
     assert lowered.kernel_names == {jk.LIBRARY}
@@ -264,6 +291,13 @@ def test_bfloat16_kernels_match_jax(results, name):
 def test_threefry_matches_jax(results):
     got, want = results
     assert_same(got["threefry"], want["threefry"])
+
+
+def test_bitcasts_match_jax(results):
+    """Bit patterns kept exactly (NaN payloads and signs too: compared as
+    integers), and jax.random's floats made from them."""
+    got, want = results
+    assert_same(got["bitcasts"], want["bitcasts"])
 
 
 def test_grad_vmap_jvp_over_kernel_primitives(results):

@@ -1,13 +1,14 @@
-# Integer bit operations MAX has no graph op for, with XLA semantics:
-# a shift by an amount outside [0, bit width) gives 0 (shift_left,
+# Integer bit operations MAX has no graph op for, with XLA semantics (a
+# shift by an amount outside [0, bit width) gives 0 (shift_left,
 # shift_right_logical) or the sign fill (shift_right_arithmetic), also for
-# unsigned types (an arithmetic shift treats the top bit as the sign).
-# One source for CPU and GPU: `foreach` picks the target.
+# unsigned types (an arithmetic shift treats the top bit as the sign)), and
+# bitcasts between dtypes of one width. One source for CPU and GPU: `foreach` picks the target.
 from extensibility import register, InputTensor, OutputTensor, foreach
 from max.gpu.host import DeviceContext
 from std.utils.coord import Coord
 from std.bit import pop_count, count_leading_zeros
 from std.sys import bit_width_of
+from std.memory import bitcast
 
 comptime AND = 0
 comptime OR = 1
@@ -106,5 +107,29 @@ struct BitwiseUnary[op: Int]:
                 return pop_count(a)
             else:
                 return count_leading_zeros(a)
+
+        foreach[target=target](func, output, ctx)
+
+
+@register("juju_bitcast")
+struct Bitcast:
+    """Bitcast_convert_type between dtypes of one width: the same bits read
+    as another dtype (MAX's graph API has no bitcast)."""
+
+    @staticmethod
+    def execute[
+        target: StaticString,
+    ](
+        output: OutputTensor,
+        x: InputTensor[rank=output.rank, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert bit_width_of[output.dtype]() == bit_width_of[x.dtype](), (
+            "juju_bitcast: " + String(x.dtype) + " and " + String(output.dtype)
+            + " differ in width"
+        )
+
+        def func[width: Int](idx: Coord[...]) {var x} -> SIMD[output.dtype, width]:
+            return bitcast[output.dtype, width](x.load[width](idx))
 
         foreach[target=target](func, output, ctx)
