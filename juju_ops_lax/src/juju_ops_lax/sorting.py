@@ -4,8 +4,9 @@ MAX's argsort only handles one rank-1 tensor, so sorting is done by ranking:
 each element's rank is the number of elements before it in XLA's total
 order (ties broken by position, which makes the sort stable), the inverse
 permutation follows from the ranks, and every operand is gathered with it.
-This is O(n^2) in the sorted dimension, fine for the sizes jax programs sort
-inside a jitted function but not for large arrays.
+This is O(n^2) in the sorted dimension, fine for short rows but not for
+large arrays: on the CPU, juju-kernels-mojo's radix sort and top_k kernels
+take over (at `Priority.KERNEL`); these rules serve GPU graphs.
 
 jax's sort compares floats with -0.0 == +0.0 and every NaN equal and last
 (it canonicalizes them in its comparator); top_k uses XLA's total order,
