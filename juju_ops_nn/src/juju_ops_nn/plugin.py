@@ -2,14 +2,14 @@
 
 import juju
 
-from juju_ops_nn import conv, fused, pooling
+from juju_ops_nn import conv, fused, materialize, pooling
 
 
 @juju.hookimpl
 def juju_rules():
-    return [conv.rules, pooling.rules, fused.rules]
+    return [conv.rules, pooling.rules, fused.rules, materialize.rules]
 
 
 @juju.hookimpl
 def juju_jaxpr_rewrites():
-    return [fused.rewrite]
+    return [fused.rewrite, materialize.rewrite]
