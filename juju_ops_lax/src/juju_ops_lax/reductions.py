@@ -82,6 +82,32 @@ def lower_reduce_prod(ctx, x, *, axes, out_sharding=None):
     return _reduce(ops.prod, ctx, x, axes)
 
 
+#: A float max/min over a last axis this short is an elementwise fold.
+SHORT_AXIS = 8
+
+
+def _fold_short_axis(op, ctx, x):
+    """max/min over the last axis of k <= SHORT_AXIS elements as k - 1
+    elementwise steps over its slices, with a NaN flag carried along: one
+    pass MAX fuses, where its reduction kernel over a short last axis (and
+    the second one for the NaN mask) took 4x as long as XLA's loop."""
+    shape = list(ctx.avals_in[0].shape)
+    keep = [slice(None)] * (len(shape) - 1)
+    parts = [ops.slice_tensor(x, keep + [slice(j, j + 1)]) for j in range(shape[-1])]
+    result, nan = parts[0], ops.is_nan(parts[0])
+    for part in parts[1:]:
+        result = op(result, part)
+        nan = ops.logical_or(nan, ops.is_nan(part))
+    result = ops.where(nan, scalar(ctx, np.nan, ctx.avals_in[0].dtype), result)
+    return ops.reshape(result, list(ctx.aval_out.shape))
+
+
+def _short_last_axis(ctx, axes) -> bool:
+    shape = static_shape(ctx.avals_in[0].shape)
+    return (shape is not None and tuple(axes) == (len(shape) - 1,)
+            and 2 <= shape[-1] <= SHORT_AXIS and math.prod(shape) >= 2**12)
+
+
 def _nan_aware(op):
     """XLA's max/min reductions return NaN if any element is NaN."""
 
@@ -89,6 +115,8 @@ def _nan_aware(op):
         dtype = ctx.avals_in[0].dtype
         if is_bool(dtype):  # max of bools is any, min is all
             return _reduce_bools(op, ctx, x, axes)
+        if is_float(dtype) and _short_last_axis(ctx, axes):
+            return _fold_short_axis(op, ctx, x)
         result = _reduce(op, ctx, x, axes)
         if not is_float(dtype) or not axes:
             return result
