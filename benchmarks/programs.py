@@ -10,6 +10,8 @@ flops or None). The sizes are those the issue measured where it gave them.
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import jax.scipy as jsp
@@ -265,4 +267,11 @@ def workloads(rng):
             rows.append((name, None, str(exc), None))
             continue
         rows.append((name, fn, args, None))
+    if os.environ.get("JUJU_BENCH_ENCODER_GRAD") != "1":
+        # MAX 26.7's compile segfaults on this gradient (two attention layers;
+        # docs/performance.md), which would end the whole run.
+        rows = [(name, None, "MAX 26.7 segfaults compiling it (docs/performance.md); "
+                 "JUJU_BENCH_ENCODER_GRAD=1 runs it", None)
+                if name == "flax transformer encoder grad" else (name, *rest)
+                for name, *rest in rows]
     return rows
