@@ -64,6 +64,10 @@ def top_ks(x, rows, ints):
         "rows": lax.top_k(rows, 3),
         "ints": lax.top_k(ints, 10),
         "signed_zeros": lax.top_k(jnp.array([0.0, -0.0, 0.0, -0.0, 1.0]), 3),
+        # XLA's total order: -NaN below -inf, +NaN above +inf
+        "signed_nans": lax.top_k(jnp.concatenate(
+            [x[:30], lax.bitcast_convert_type(jnp.full(2, 0xFFC00000, jnp.uint32), jnp.float32)]),
+            32),
     }
 
 

@@ -15,20 +15,21 @@ comptime SMALL = 32  # rows up to this length: insertion sort
 
 @always_inline
 def _order_key[dtype: DType, signed_zeros: Bool, descending: Bool](v: Scalar[dtype]) -> UInt64:
-    """An unsigned key in sort's order. Floats: -0.0 == +0.0 (unless
-    `signed_zeros`, XLA's total order for top_k) and every NaN equal and
-    after +inf, as jax's sort comparator; integers by value."""
+    """An unsigned key in sort's order. Floats: -0.0 == +0.0 and every NaN
+    equal and after +inf, as jax's sort comparator; with `signed_zeros`,
+    XLA's total order (top_k): -NaN < -inf < ... < -0.0 < +0.0 < ... < +NaN.
+    Integers by value."""
     var key: UInt64
     comptime if dtype.is_floating_point():
-        if isnan(v):
-            key = ~UInt64(0)
-        else:
-            var d = v.cast[DType.float64]()
-            comptime if not signed_zeros:
-                if d == 0:
-                    d = 0
-            var u = bitcast[DType.uint64](d)
-            key = ~u if u & SIGN else u | SIGN
+        var d = v.cast[DType.float64]()  # keeps the sign of zeros and NaNs
+        comptime if not signed_zeros:
+            if d == 0:
+                d = 0
+        var u = bitcast[DType.uint64](d)
+        key = ~u if u & SIGN else u | SIGN
+        comptime if not signed_zeros:
+            if isnan(v):
+                key = ~UInt64(0)
     elif dtype == DType.bool:
         key = UInt64(1) if v else UInt64(0)
     elif dtype.is_signed():
@@ -53,7 +54,8 @@ def _order_keys[
             d = d.eq(0).select(SIMD[DType.float64, w](0), d)
         var u = bitcast[DType.uint64, w](d)
         key = (u & SIGN).ne(0).select(~u, u | SIGN)
-        key = isnan(v).select(SIMD[DType.uint64, w](~UInt64(0)), key)
+        comptime if not signed_zeros:
+            key = isnan(v).select(SIMD[DType.uint64, w](~UInt64(0)), key)
     else:
         key = SIMD[DType.uint64, w]()
         comptime for i in range(w):
@@ -156,7 +158,8 @@ struct SortPermutation[descending: Bool, signed_zeros: Bool]:
 @register("juju_top_k")
 struct TopK:
     """The values and indices [rows, k] of the k largest of each row of x [rows, n]
-    in XLA's total order (-0.0 < +0.0, NaN largest), ties by lower index."""
+    in XLA's total order (-0.0 < +0.0, -NaN smallest, +NaN largest), ties by
+    lower index."""
 
     @staticmethod
     def execute[
