@@ -130,9 +130,15 @@ def reshape_result(x, shape):
     """
     target = max_shape(shape)
     if _made_by_matmul(x) and _regroups(x.shape, target):
-        unit = ops.reshape(x, [*x.shape, 1])
-        x = ops.reshape(ops.cumsum(unit, axis=-1), x.shape)
+        x = unfused_copy(x)
     return ops.reshape(x, target)
+
+
+def unfused_copy(x):
+    """A copy of `x` that MAX does not fuse its producer through: a cumsum
+    over a unit axis (MAX writes `x` to memory once, its consumers read it)."""
+    shape = list(x.shape)
+    return ops.reshape(ops.cumsum(ops.reshape(x, [*shape, 1]), axis=-1), shape)
 
 
 def _regroups(old, new) -> bool:

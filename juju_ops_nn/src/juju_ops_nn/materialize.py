@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import math
 
-from max.graph import ops
-
 import juju
 from juju import RuleSet
-from juju._compat import ClosedJaxpr, Var
+from juju import primitives as P
+from juju._compat import ClosedJaxpr, Var, call_primitives, sub_jaxprs_of_params
+from juju_ops_lax._util import unfused_copy
 
 rules = RuleSet()
 
@@ -42,24 +42,22 @@ FUSED = COSTLY | frozenset({
 })
 
 
-def _copy(ctx, x):
-    # A cumsum over a unit axis is a copy MAX does not fuse through
-    # (juju_ops_lax._util.reshape_result uses it for the same reason).
-    shape = list(x.shape)
-    return ops.reshape(ops.cumsum(ops.reshape(x, [*shape, 1]), axis=-1), shape)
+def lower_nn_materialize(ctx, x):
+    return unfused_copy(x)
 
 
 materialize = juju.Primitive(
-    "nn_materialize", _copy, lambda x: x, batching_rule="elementwise",
+    "nn_materialize", lower_nn_materialize, lambda x: x, batching_rule="elementwise",
     jvp_rule=lambda primals, tangents: (primals[0], tangents[0]),
     jax_implementation=lambda x: x, priority=juju.Priority.GENERIC, rules=rules)
 
 
 def _call_body(eqn):
     """The Jaxpr a call equation (jit, closed_call) runs, else None."""
-    body = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
-    return getattr(body, "jaxpr", body) if eqn.primitive.name in ("pjit", "jit", "closed_call",
-                                                                 "core_call") else None
+    if eqn.primitive not in (P.jit_p, *call_primitives):
+        return None
+    (body,) = sub_jaxprs_of_params(eqn.params)
+    return body
 
 
 def _costly_cone(eqn, costly: dict) -> list:
