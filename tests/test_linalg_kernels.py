@@ -81,7 +81,7 @@ def lu_cases(square, singular, wide, ties, large):
 def qr_cases(tall, wide, special, large):
     r, taus = geqrf_p.bind(tall)  # jax has no public geqrf
     return {
-        "large": jnp.linalg.qr(large),  # one matrix: the reflections split in tasks
+        "large": jnp.linalg.qr(large),  # one matrix: blocks of reflectors, split in tasks
         "reduced": jnp.linalg.qr(tall),
         "complete": jnp.linalg.qr(tall, mode="complete"),
         "wide": jnp.linalg.qr(wide),
@@ -148,12 +148,12 @@ def cases(dtype):
         "factorizations": (factorizations, (a, -spd(dtype=dtype), _nan_at(a, 20, 4),
                                             _nan_at(a, 4, 20))),
         "triangular_solves": (triangular_solves, (triangle(2, dtype=dtype),
-                                                  normal(2, N, 70, dtype=dtype))),
+                                                  normal(2, N, 90, dtype=dtype))),
         "lu": (lu_cases, (normal(2, 3, N, N, dtype=dtype), _singular(dtype),
                           normal(2, 5, 9, dtype=dtype), _ties(dtype),
                           normal(200, 200, dtype=dtype))),
         "qr": (qr_cases, (normal(2, 40, N, dtype=dtype), normal(5, 9, dtype=dtype),
-                          _special(dtype), normal(260, 200, dtype=dtype))),
+                          _special(dtype), normal(320, 300, dtype=dtype))),
         "programs": (programs, (normal(N, N, dtype=dtype) + 4 * np.eye(N, dtype=dtype),
                                 spd(dtype=dtype), normal(N, 3, dtype=dtype),
                                 normal(N, dtype=dtype))),

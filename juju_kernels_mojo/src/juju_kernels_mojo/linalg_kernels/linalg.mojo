@@ -1,6 +1,6 @@
 # Dense factorizations and triangular solves on the CPU, one matrix per task
 # (batches in parallel), row-major, with LAPACK's conventions: potrf (lower),
-# trsm (left side), getrf (partial pivoting), geqrf and orgqr (Householder). The rules in linalg_rules.py
+# trsm (left side), getrf (partial pivoting); geqrf and orgqr in qr.mojo. The rules in linalg_rules.py
 # reshape batches to one leading axis and turn every trsm variant into a
 # left-side solve with an explicit triangle. The juju_ops_lax rules are loops
 # of MAX ops (one MAX loop iteration per column): these run without leaving
@@ -8,8 +8,8 @@
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
 from max.algorithm import sync_parallelize
-from std.math import copysign, isnan, sqrt
-from std.utils import IndexList
+from std.math import isnan, sqrt
+from std.utils import IndexList, StaticTuple
 from std.utils.numerics import nan
 
 
@@ -86,11 +86,57 @@ struct Cholesky:
             sync_parallelize(one, batch)
 
 
+# Rows of steps [s0, s0 + R) of a left-side trsm (step s is row s, or row
+# m - 1 - s for an upper triangle), columns [c, c + CV*W) of X (m x k, the
+# right-hand sides on entry): R rows times CV vectors stay in registers while
+# every finished row is subtracted, so each finished row piece loaded serves
+# R rows. Row i subtracts T(i, p) X(p) in the order reference trsm does (p by
+# step), whatever R is: the same bits as one row at a time.
+@always_inline
+def _trsm_rows[
+    dtype: DType, W: Int, R: Int, CV: Int, lower: Bool, unit_diagonal: Bool
+](
+    t: Pointer[Scalar[dtype], ImmutAnyOrigin],
+    xs: Pointer[Scalar[dtype], MutAnyOrigin],
+    m: Int,
+    k: Int,
+    s0: Int,
+    c: Int,
+):
+    var rows = StaticTuple[Int, R](fill=0)
+    comptime for r in range(R):
+        rows[r] = s0 + r if lower else m - 1 - s0 - r
+    var acc = StaticTuple[SIMD[dtype, W], R * CV](fill=SIMD[dtype, W](0))
+    comptime for r in range(R):
+        comptime for u in range(CV):
+            acc[r * CV + u] = xs.unsafe_offset(rows[r] * k + c + u * W).unsafe_load[width=W]()
+    for q in range(s0):
+        var p = q if lower else m - 1 - q
+        var xp = xs.unsafe_offset(p * k + c)
+        comptime for u in range(CV):
+            var y = xp.unsafe_offset(u * W).unsafe_load[width=W]()
+            comptime for r in range(R):
+                acc[r * CV + u] = acc[r * CV + u] - t[unsafe_offset=rows[r] * m + p] * y
+    # The group's own earlier rows, finished one after the other.
+    comptime for r in range(R):
+        comptime for r2 in range(r):
+            var tip = t[unsafe_offset=rows[r] * m + rows[r2]]
+            comptime for u in range(CV):
+                acc[r * CV + u] = acc[r * CV + u] - tip * acc[r2 * CV + u]
+        comptime if not unit_diagonal:
+            var d = t[unsafe_offset=rows[r] * m + rows[r]]
+            comptime for u in range(CV):
+                acc[r * CV + u] = acc[r * CV + u] / d
+    comptime for r in range(R):
+        comptime for u in range(CV):
+            xs.unsafe_offset(rows[r] * k + c + u * W).unsafe_store(acc[r * CV + u])
+
+
 @register("juju_triangular_solve")
 struct TriangularSolve[lower: Bool, unit_diagonal: Bool]:
     """Trsm, left side, no transpose: X with T X = B, T lower or upper
     triangular [batch, m, m], B [batch, m, k]. Tasks: matrices times blocks
-    of 64 right-hand sides."""
+    of 64 right-hand sides; within one, 4 rows at a time (_trsm_rows)."""
 
     @staticmethod
     def execute[
@@ -121,50 +167,39 @@ struct TriangularSolve[lower: Bool, unit_diagonal: Bool]:
             for i in range(m):
                 for c in range(c0, c1):
                     xs[unsafe_offset=i * k + c] = rhs[b, i, c]
-            # Row i of X from the finished rows: B(i) - sum T(i, p) X(p), in
-            # the order reference trsm subtracts them; a piece of 4 vectors
-            # of row i stays in registers while every finished row is
-            # subtracted from it.
-            for step in range(m):
-                var i = step if Self.lower else m - 1 - step
-                var xi = xs.unsafe_offset(i * k)
-                var finished = i if Self.lower else m - 1 - i
-                var d = Scalar[dtype](1)
-                comptime if not Self.unit_diagonal:
-                    d = t[b, i, i]
-                var c = c0
-                while c + 4 * W <= c1:
-                    var v0 = xi.unsafe_offset(c).unsafe_load[width=W]()
-                    var v1 = xi.unsafe_offset(c + W).unsafe_load[width=W]()
-                    var v2 = xi.unsafe_offset(c + 2 * W).unsafe_load[width=W]()
-                    var v3 = xi.unsafe_offset(c + 3 * W).unsafe_load[width=W]()
-                    for q in range(finished):
+            var tb = t.unsafe_ptr().unsafe_offset(b * m * m)
+            # Columns are independent: pieces of 4 vectors, then of one,
+            # then one column at a time; rows in groups of 4 (_trsm_rows).
+            var c = c0
+            while c + 4 * W <= c1:
+                var s = 0
+                while s + 4 <= m:
+                    _trsm_rows[dtype, W, 4, 4, Self.lower, Self.unit_diagonal](tb, xs, m, k, s, c)
+                    s += 4
+                while s < m:
+                    _trsm_rows[dtype, W, 1, 4, Self.lower, Self.unit_diagonal](tb, xs, m, k, s, c)
+                    s += 1
+                c += 4 * W
+            while c + W <= c1:
+                var s = 0
+                while s + 4 <= m:
+                    _trsm_rows[dtype, W, 4, 1, Self.lower, Self.unit_diagonal](tb, xs, m, k, s, c)
+                    s += 4
+                while s < m:
+                    _trsm_rows[dtype, W, 1, 1, Self.lower, Self.unit_diagonal](tb, xs, m, k, s, c)
+                    s += 1
+                c += W
+            while c < c1:
+                for step in range(m):
+                    var i = step if Self.lower else m - 1 - step
+                    var v = xs[unsafe_offset=i * k + c]
+                    for q in range(step):
                         var p = q if Self.lower else m - 1 - q
-                        var tip = t[b, i, p]
-                        var xp = xs.unsafe_offset(p * k + c)
-                        v0 = v0 - tip * xp.unsafe_load[width=W]()
-                        v1 = v1 - tip * xp.unsafe_offset(W).unsafe_load[width=W]()
-                        v2 = v2 - tip * xp.unsafe_offset(2 * W).unsafe_load[width=W]()
-                        v3 = v3 - tip * xp.unsafe_offset(3 * W).unsafe_load[width=W]()
+                        v = v - tb[unsafe_offset=i * m + p] * xs[unsafe_offset=p * k + c]
                     comptime if not Self.unit_diagonal:
-                        v0 = v0 / d
-                        v1 = v1 / d
-                        v2 = v2 / d
-                        v3 = v3 / d
-                    xi.unsafe_offset(c).unsafe_store(v0)
-                    xi.unsafe_offset(c + W).unsafe_store(v1)
-                    xi.unsafe_offset(c + 2 * W).unsafe_store(v2)
-                    xi.unsafe_offset(c + 3 * W).unsafe_store(v3)
-                    c += 4 * W
-                while c < c1:
-                    var v = xi[unsafe_offset=c]
-                    for q in range(finished):
-                        var p = q if Self.lower else m - 1 - q
-                        v = v - t[b, i, p] * xs[unsafe_offset=p * k + c]
-                    comptime if not Self.unit_diagonal:
-                        v = v / d
-                    xi[unsafe_offset=c] = v
-                    c += 1
+                        v = v / tb[unsafe_offset=i * m + i]
+                    xs[unsafe_offset=i * k + c] = v
+                c += 1
 
         if batch * blocks == 1 and m <= 128:  # as juju_cholesky
             one(0)
@@ -172,42 +207,87 @@ struct TriangularSolve[lower: Bool, unit_diagonal: Bool]:
             sync_parallelize(one, batch * blocks)
 
 
-# Rows [i0, i1) of getrf's trailing matrix, columns [c0, n): subtract
-# L(i, j0 + q) U(j0 + q, :) for q < min(jb, i - j0) (the panel's rows take
-# the multipliers left of their diagonal only), one q after the other (the order an
+# Row i of getrf's trailing matrix, columns [c0, n): subtract
+# L(i, j0 + q) U(j0 + q, :) for q < qs, one q after the other (the order an
 # unblocked right-looking getrf subtracts them in, so blocking does not
-# change a bit), with each row piece held in registers for all jb updates.
+# change a bit), with each row piece held in registers for all qs updates.
+@always_inline
+def _lu_update_row[
+    dtype: DType, W: Int
+](a: Pointer[Scalar[dtype], MutAnyOrigin], i: Int, j0: Int, qs: Int, c0: Int, n: Int):
+    var ri = a.unsafe_offset(i * n)
+    var c = c0
+    while c + 2 * W <= n:
+        var v0 = ri.unsafe_offset(c).unsafe_load[width=W]()
+        var v1 = ri.unsafe_offset(c + W).unsafe_load[width=W]()
+        for q in range(qs):
+            var l = ri[unsafe_offset=j0 + q]
+            var u = a.unsafe_offset((j0 + q) * n + c)
+            v0 = v0 - l * u.unsafe_load[width=W]()
+            v1 = v1 - l * u.unsafe_offset(W).unsafe_load[width=W]()
+        ri.unsafe_offset(c).unsafe_store(v0)
+        ri.unsafe_offset(c + W).unsafe_store(v1)
+        c += 2 * W
+    if c + W <= n:
+        var v0 = ri.unsafe_offset(c).unsafe_load[width=W]()
+        for q in range(qs):
+            v0 = v0 - ri[unsafe_offset=j0 + q] * a.unsafe_offset((j0 + q) * n + c).unsafe_load[width=W]()
+        ri.unsafe_offset(c).unsafe_store(v0)
+        c += W
+    while c < n:
+        var v = ri[unsafe_offset=c]
+        for q in range(qs):
+            v = v - ri[unsafe_offset=j0 + q] * a[unsafe_offset=(j0 + q) * n + c]
+        ri[unsafe_offset=c] = v
+        c += 1
+
+
+# The same for 4 rows below the panel (all jb updates each), columns
+# [c, c + CV*W): every piece of U's rows loaded serves the 4 rows.
+@always_inline
+def _lu_update_four_rows[
+    dtype: DType, W: Int, CV: Int
+](a: Pointer[Scalar[dtype], MutAnyOrigin], i0: Int, j0: Int, jb: Int, c: Int, n: Int):
+    var acc = StaticTuple[SIMD[dtype, W], 4 * CV](fill=SIMD[dtype, W](0))
+    comptime for r in range(4):
+        comptime for u in range(CV):
+            acc[r * CV + u] = a.unsafe_offset((i0 + r) * n + c + u * W).unsafe_load[width=W]()
+    for q in range(jb):
+        var row = a.unsafe_offset((j0 + q) * n + c)
+        comptime for u in range(CV):
+            var y = row.unsafe_offset(u * W).unsafe_load[width=W]()
+            comptime for r in range(4):
+                acc[r * CV + u] = acc[r * CV + u] - a[unsafe_offset=(i0 + r) * n + j0 + q] * y
+    comptime for r in range(4):
+        comptime for u in range(CV):
+            a.unsafe_offset((i0 + r) * n + c + u * W).unsafe_store(acc[r * CV + u])
+
+
+# Rows [i0, i1) of getrf's trailing matrix, columns [c0, n): the panel's
+# rows take the multipliers left of their diagonal only (qs = i - j0).
 @always_inline
 def _lu_update_rows[
     dtype: DType, W: Int
 ](a: Pointer[Scalar[dtype], MutAnyOrigin], i0: Int, i1: Int, j0: Int, jb: Int, c0: Int, n: Int):
-    for i in range(i0, i1):
-        var ri = a.unsafe_offset(i * n)
-        var qs = min(jb, i - j0)
+    var i = i0
+    while i < i1 and i - j0 < jb:
+        _lu_update_row[dtype, W](a, i, j0, i - j0, c0, n)
+        i += 1
+    while i + 4 <= i1:
         var c = c0
-        while c + 2 * W <= n:
-            var v0 = ri.unsafe_offset(c).unsafe_load[width=W]()
-            var v1 = ri.unsafe_offset(c + W).unsafe_load[width=W]()
-            for q in range(qs):
-                var l = ri[unsafe_offset=j0 + q]
-                var u = a.unsafe_offset((j0 + q) * n + c)
-                v0 = v0 - l * u.unsafe_load[width=W]()
-                v1 = v1 - l * u.unsafe_offset(W).unsafe_load[width=W]()
-            ri.unsafe_offset(c).unsafe_store(v0)
-            ri.unsafe_offset(c + W).unsafe_store(v1)
-            c += 2 * W
-        if c + W <= n:
-            var v0 = ri.unsafe_offset(c).unsafe_load[width=W]()
-            for q in range(qs):
-                v0 = v0 - ri[unsafe_offset=j0 + q] * a.unsafe_offset((j0 + q) * n + c).unsafe_load[width=W]()
-            ri.unsafe_offset(c).unsafe_store(v0)
+        while c + 4 * W <= n:
+            _lu_update_four_rows[dtype, W, 4](a, i, j0, jb, c, n)
+            c += 4 * W
+        while c + W <= n:
+            _lu_update_four_rows[dtype, W, 1](a, i, j0, jb, c, n)
             c += W
-        while c < n:
-            var v = ri[unsafe_offset=c]
-            for q in range(qs):
-                v = v - ri[unsafe_offset=j0 + q] * a[unsafe_offset=(j0 + q) * n + c]
-            ri[unsafe_offset=c] = v
-            c += 1
+        if c < n:
+            for r in range(4):
+                _lu_update_row[dtype, W](a, i + r, j0, jb, c, n)
+        i += 4
+    while i < i1:
+        _lu_update_row[dtype, W](a, i, j0, jb, c0, n)
+        i += 1
 
 
 @register("juju_lu")
@@ -311,237 +391,5 @@ struct LU:
 
         if batch == 1:
             factor(0, True)
-        else:
-            sync_parallelize(one, batch)
-
-
-# Householder reflectors H = I - tau v v^T (v[j] = 1, v below the diagonal
-# stored in column j) applied from the left to the columns [c0, c1) of rows
-# [j, m) of a row-major matrix with n columns: w = v^T A, then A -= tau v w^T,
-# in blocks of 4 SIMD vectors of columns so that both passes read contiguous
-# row pieces. Column blocks are independent: tasks may split [c0, c1).
-@always_inline
-def _apply_reflector[
-    dtype: DType, W: Int
-](
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    v: Pointer[Scalar[dtype], ImmutAnyOrigin],
-    tau: Scalar[dtype],
-    j: Int,
-    c0: Int,
-    c1: Int,
-    m: Int,
-    n: Int,
-    ldv: Int,
-):
-    comptime B = 4 * W
-    var c = c0
-    while c + B <= c1:
-        var w0 = SIMD[dtype, W](0)
-        var w1 = SIMD[dtype, W](0)
-        var w2 = SIMD[dtype, W](0)
-        var w3 = SIMD[dtype, W](0)
-        for i in range(j, m):
-            var vi = Scalar[dtype](1) if i == j else v[unsafe_offset=i * ldv]
-            var row = a.unsafe_offset(i * n + c)
-            w0 += vi * row.unsafe_load[width=W]()
-            w1 += vi * row.unsafe_offset(W).unsafe_load[width=W]()
-            w2 += vi * row.unsafe_offset(2 * W).unsafe_load[width=W]()
-            w3 += vi * row.unsafe_offset(3 * W).unsafe_load[width=W]()
-        for i in range(j, m):
-            var s = tau * (Scalar[dtype](1) if i == j else v[unsafe_offset=i * ldv])
-            var row = a.unsafe_offset(i * n + c)
-            row.unsafe_store(row.unsafe_load[width=W]() - s * w0)
-            row.unsafe_offset(W).unsafe_store(row.unsafe_offset(W).unsafe_load[width=W]() - s * w1)
-            row.unsafe_offset(2 * W).unsafe_store(
-                row.unsafe_offset(2 * W).unsafe_load[width=W]() - s * w2
-            )
-            row.unsafe_offset(3 * W).unsafe_store(
-                row.unsafe_offset(3 * W).unsafe_load[width=W]() - s * w3
-            )
-        c += B
-    while c + W <= c1:
-        var w = SIMD[dtype, W](0)
-        for i in range(j, m):
-            var vi = Scalar[dtype](1) if i == j else v[unsafe_offset=i * ldv]
-            w += vi * a.unsafe_offset(i * n + c).unsafe_load[width=W]()
-        for i in range(j, m):
-            var s = tau * (Scalar[dtype](1) if i == j else v[unsafe_offset=i * ldv])
-            var row = a.unsafe_offset(i * n + c)
-            row.unsafe_store(row.unsafe_load[width=W]() - s * w)
-        c += W
-    # The last columns (fewer than W): still a row piece at a time.
-    var rest = c1 - c
-    if rest > 0:
-        var w = SIMD[dtype, W](0)
-        for i in range(j, m):
-            var vi = Scalar[dtype](1) if i == j else v[unsafe_offset=i * ldv]
-            for t in range(rest):
-                w[t] += vi * a[unsafe_offset=i * n + c + t]
-        for i in range(j, m):
-            var s = tau * (Scalar[dtype](1) if i == j else v[unsafe_offset=i * ldv])
-            for t in range(rest):
-                a[unsafe_offset=i * n + c + t] = a[unsafe_offset=i * n + c + t] - s * w[t]
-
-
-comptime COLUMNS_PER_TASK = 128
-
-
-@always_inline
-def _column_tasks(split: Bool, rows: Int, c0: Int, n: Int) -> Int:
-    """Tasks of COLUMNS_PER_TASK columns for one reflection of a single
-    large matrix (a batch runs its matrices in parallel instead)."""
-    # A parallel launch per reflection costs tens of microseconds: worth it
-    # only for reflections of 2^18 elements or more (n >= 512).
-    if not split or rows * (n - c0) < 1 << 18:
-        return 1
-    return (n - c0 + COLUMNS_PER_TASK - 1) // COLUMNS_PER_TASK
-
-
-@register("juju_geqrf")
-struct Geqrf:
-    """Geqrf: R on and above the diagonal, the reflectors' v below it, their
-    scales tau [batch, min(m, n)]; dlarfg's conventions (beta = -sign(alpha)
-    * norm with alpha's sign bit, tau = 0 where the column below the diagonal
-    is zero, the norms scaled so that they do not overflow)."""
-
-    @staticmethod
-    def execute[
-        target: StaticString,
-    ](
-        r: OutputTensor[rank=3, ...],
-        taus: OutputTensor[dtype=r.dtype, rank=2, ...],
-        x: InputTensor[dtype=r.dtype, rank=3, ...],
-        ctx: DeviceContext,
-    ) raises:
-        comptime assert target == "cpu", "juju_geqrf: CPU only"
-        comptime dtype = r.dtype
-        comptime assert dtype == DType.float32 or dtype == DType.float64, (
-            "juju_geqrf: unsupported dtype " + String(dtype)
-        )
-        comptime W = 16 if dtype == DType.float32 else 8
-        var batch = Int(x.dim_size(0))
-        var m = Int(x.dim_size(1))
-        var n = Int(x.dim_size(2))
-        var k = min(m, n)
-
-        def factor(b: Int, split: Bool) {imm}:
-            var a = r.unsafe_ptr().unsafe_offset(b * m * n)
-            var tau_out = taus.unsafe_ptr().unsafe_offset(b * k)
-            for i in range(m):
-                for c in range(n):
-                    a[unsafe_offset=i * n + c] = x[b, i, c]
-            for j in range(k):
-                var alpha = a[unsafe_offset=j * n + j]
-                # dnrm2 of the column below the diagonal, scaled by its
-                # largest magnitude.
-                var scale = Scalar[dtype](0)
-                for i in range(j + 1, m):
-                    var v = abs(a[unsafe_offset=i * n + j])
-                    if v > scale or isnan(v):
-                        scale = v
-                var tau = Scalar[dtype](0)
-                if scale != 0:
-                    var ssq = Scalar[dtype](0)
-                    for i in range(j + 1, m):
-                        var v = a[unsafe_offset=i * n + j] / scale
-                        ssq += v * v
-                    var xnorm = scale * sqrt(ssq)
-                    # dlapy2(alpha, xnorm)
-                    var big = max(abs(alpha), xnorm)
-                    var small = min(abs(alpha), xnorm)
-                    var norm = big
-                    if isnan(alpha) or isnan(xnorm):
-                        norm = alpha + xnorm
-                    elif small != 0:
-                        var q = small / big
-                        norm = big * sqrt(1 + q * q)
-                    var beta = -copysign(norm, alpha)
-                    tau = (beta - alpha) / beta
-                    var inv = 1 / (alpha - beta)
-                    for i in range(j + 1, m):
-                        a[unsafe_offset=i * n + j] = a[unsafe_offset=i * n + j] * inv
-                    if j + 1 < n:
-                        var v = a.unsafe_offset(j)
-                        var tasks = _column_tasks(split, m - j, j + 1, n)
-                        if tasks > 1:
-
-                            def reflect(task: Int) {imm}:
-                                var c = j + 1 + task * COLUMNS_PER_TASK
-                                _apply_reflector[dtype, W](
-                                    a, v, tau, j, c, min(c + COLUMNS_PER_TASK, n), m, n, n
-                                )
-
-                            sync_parallelize(reflect, tasks)
-                        else:
-                            _apply_reflector[dtype, W](a, v, tau, j, j + 1, n, m, n, n)
-                    a[unsafe_offset=j * n + j] = beta
-                tau_out[unsafe_offset=j] = tau
-
-        def one(b: Int) {imm}:
-            factor(b, False)
-
-        if batch == 1:
-            factor(0, True)
-        else:
-            sync_parallelize(one, batch)
-
-
-@register("juju_householder_product")
-struct HouseholderProduct:
-    """Orgqr: Q [batch, m, n], the first n columns of H_0 H_1 ... H_{k-1}
-    for the reflectors below the diagonal of a [batch, m, n] (geqrf's
-    layout) and their scales [batch, k]."""
-
-    @staticmethod
-    def execute[
-        target: StaticString,
-    ](
-        q: OutputTensor[rank=3, ...],
-        a: InputTensor[dtype=q.dtype, rank=3, ...],
-        taus: InputTensor[dtype=q.dtype, rank=2, ...],
-        ctx: DeviceContext,
-    ) raises:
-        comptime assert target == "cpu", "juju_householder_product: CPU only"
-        comptime dtype = q.dtype
-        comptime assert dtype == DType.float32 or dtype == DType.float64, (
-            "juju_householder_product: unsupported dtype " + String(dtype)
-        )
-        comptime W = 16 if dtype == DType.float32 else 8
-        var batch = Int(a.dim_size(0))
-        var m = Int(a.dim_size(1))
-        var n = Int(a.dim_size(2))
-        var k = Int(taus.dim_size(1))
-
-        def build(b: Int, split: Bool) {imm}:
-            var out = q.unsafe_ptr().unsafe_offset(b * m * n)
-            var reflectors = a.unsafe_ptr().unsafe_offset(b * m * n)
-            for i in range(m):
-                for c in range(n):
-                    out[unsafe_offset=i * n + c] = Scalar[dtype](1) if i == c else Scalar[dtype](0)
-            # Backwards, as orgqr: H_j touches rows and columns >= j only
-            # (the columns left of j are still zero in those rows).
-            for step in range(k):
-                var j = k - 1 - step
-                var v = reflectors.unsafe_offset(j)
-                var tau = taus[b, j]
-                var tasks = _column_tasks(split, m - j, j, n)
-                if tasks > 1:
-
-                    def reflect(task: Int) {imm}:
-                        var c = j + task * COLUMNS_PER_TASK
-                        _apply_reflector[dtype, W](
-                            out, v, tau, j, c, min(c + COLUMNS_PER_TASK, n), m, n, n
-                        )
-
-                    sync_parallelize(reflect, tasks)
-                else:
-                    _apply_reflector[dtype, W](out, v, tau, j, j, n, m, n, n)
-
-        def one(b: Int) {imm}:
-            build(b, False)
-
-        if batch == 1:
-            build(0, True)
         else:
             sync_parallelize(one, batch)
