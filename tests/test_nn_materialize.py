@@ -28,6 +28,8 @@ CASES = {
     "one_sink": lambda key, u: (jnp.exp(u) * 2 + jnp.exp(u)).sum(),  # two reads, one kernel
     "cheap": lambda key, u: stats(u * 3 + 1),  # nothing costly to recompute
     "small": lambda key, u: stats(jnp.exp(u[:64])),  # below MIN_SIZE
+    # the transcendental is of 128 elements, broadcast: cheap per element
+    "small_broadcast": lambda key, u: stats(u * jnp.exp(u[:1]) + jnp.log1p(u[0, 0] ** 2)),
 }
 
 
@@ -49,7 +51,7 @@ def test_shared_costly_values_are_materialized_once():
 
 
 def test_other_values_are_left_alone():
-    for name in ("one_reader", "one_sink", "cheap", "small"):
+    for name in ("one_reader", "one_sink", "cheap", "small", "small_broadcast"):
         assert _materialized(CASES[name]) == 0, name
 
 
