@@ -13,6 +13,58 @@ from std.utils import IndexList, StaticTuple
 from std.utils.numerics import nan
 
 
+comptime SMALL_CHOLESKY = 128
+
+
+# Right-looking Cholesky of a small matrix (n <= SMALL_CHOLESKY) in a
+# scratch copy whose rows are padded by a SIMD vector: column k, once
+# scaled, is also written as a row of `lt`, so that every trailing update
+# is a SIMD axpy over contiguous rows (Banachiewicz's inner products of
+# length < n cost a horizontal sum each: cholesky 100 took 0.25 ms). The
+# padding and the entries right of the diagonal take garbage that is never
+# read. The lower triangle goes back to `a`, its upper triangle stays.
+def _small_cholesky[dtype: DType, W: Int](a: Pointer[Scalar[dtype], MutAnyOrigin], n: Int):
+    var ld = (n + W - 1) // W * W + W
+    var work_list = List[Scalar[dtype]](length=n * ld, fill=0)
+    var lt_list = List[Scalar[dtype]](length=n * ld, fill=0)
+    var w = work_list.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
+    var lt = lt_list.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
+    for i in range(n):
+        for j in range(i + 1):
+            w[unsafe_offset=i * ld + j] = a[unsafe_offset=i * n + j]
+    var ok = True
+    for k in range(n):
+        var d = w[unsafe_offset=k * ld + k]
+        # OpenBLAS's potrf (jax's LAPACK) fails on a pivot <= 0 only: a NaN
+        # flows on through the rows below.
+        if not (d > 0 or isnan(d)):
+            ok = False
+            break
+        d = sqrt(d)
+        w[unsafe_offset=k * ld + k] = d
+        for i in range(k + 1, n):
+            var v = w[unsafe_offset=i * ld + k] / d
+            w[unsafe_offset=i * ld + k] = v
+            lt[unsafe_offset=k * ld + i] = v
+        var column = lt.unsafe_offset(k * ld)
+        for i in range(k + 1, n):
+            var l = w[unsafe_offset=i * ld + k]
+            var row = w.unsafe_offset(i * ld)
+            var j = k + 1
+            while j <= i:
+                row.unsafe_offset(j).unsafe_store(
+                    row.unsafe_offset(j).unsafe_load[width=W]() - l * column.unsafe_offset(j).unsafe_load[width=W]()
+                )
+                j += W
+    for i in range(n):
+        for j in range(i + 1):
+            a[unsafe_offset=i * n + j] = w[unsafe_offset=i * ld + j] if ok else nan[dtype]()
+        if not ok:
+            for j in range(i + 1, n):
+                a[unsafe_offset=i * n + j] = nan[dtype]()
+    _ = len(work_list) + len(lt_list)  # alive until here
+
+
 @register("juju_cholesky")
 struct Cholesky:
     """Potrf, lower: L in the lower triangle, the upper triangle as given;
@@ -41,6 +93,9 @@ struct Cholesky:
             for i in range(n):
                 for j in range(n):
                     a[unsafe_offset=i * n + j] = x[b, i, j]
+            if n <= SMALL_CHOLESKY:
+                _small_cholesky[dtype, W](a, n)
+                return
             # Cholesky-Banachiewicz: row i from the rows above it; every
             # inner product runs over two contiguous rows.
             var ok = True
