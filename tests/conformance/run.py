@@ -158,7 +158,8 @@ GROUP_NOTES = {
           "matrices zgeqrf/zungqr's (real beta, complex tau). On the 2x200x100 "
           "harnesses 25 of 20000 float32 (2 complex64) entries of R differ from "
           "LAPACK's blocked QR by more than rtol 2e-5 (rounding of a different "
-          "summation order; 2.5e-6 absolute).",
+          "summation order; 2.5e-6 absolute; measured with the unblocked kernels, "
+          "before the blocked QR of 2026-11-25 night, not rerun since).",
     "cholesky": "an unblocked Cholesky (juju-kernels-mojo's kernel for real matrices "
                 "on the CPU, juju_ops_lax/linalg.py's loop otherwise): on the 200x200 "
                 "harnesses about 110 of 40000 float32 entries differ from LAPACK's "
