@@ -47,7 +47,7 @@ def normal(*shape, dtype=np.float32):
 def factorizations(a, not_pd, nan_lower, nan_upper, large):
     bad = jnp.stack([a[0], not_pd])  # one batch element fails: NaN there only
     return {
-        # n > 128: inner products (smaller: the right-looking kernel)
+        # one large matrix: the trailing updates split in tasks
         "large": lax.linalg.cholesky(large, symmetrize_input=False),
         "cholesky": lax.linalg.cholesky(a, symmetrize_input=False),
         "symmetrized": jnp.linalg.cholesky(a),
@@ -148,7 +148,7 @@ def cases(dtype):
     a = spd(2, dtype=dtype)
     return {
         "factorizations": (factorizations, (a, -spd(dtype=dtype), _nan_at(a, 20, 4),
-                                            _nan_at(a, 4, 20), spd(n=150, dtype=dtype))),
+                                            _nan_at(a, 4, 20), spd(n=200, dtype=dtype))),
         "triangular_solves": (triangular_solves, (triangle(2, dtype=dtype),
                                                   normal(2, N, 90, dtype=dtype))),
         "lu": (lu_cases, (normal(2, 3, N, N, dtype=dtype), _singular(dtype),

@@ -13,56 +13,147 @@ from std.utils import IndexList, StaticTuple
 from std.utils.numerics import nan
 
 
-comptime SMALL_CHOLESKY = 128
+comptime CHOLESKY_PANEL = 32
+comptime CHOLESKY_ROWS_PER_TASK = 32
 
 
-# Right-looking Cholesky of a small matrix (n <= SMALL_CHOLESKY) in a
-# scratch copy whose rows are padded by a SIMD vector: column k, once
-# scaled, is also written as a row of `lt`, so that every trailing update
-# is a SIMD axpy over contiguous rows (Banachiewicz's inner products of
-# length < n cost a horizontal sum each: cholesky 100 took 0.25 ms). The
-# padding and the entries right of the diagonal take garbage that is never
-# read. The lower triangle goes back to `a`, its upper triangle stays.
-def _small_cholesky[dtype: DType, W: Int](a: Pointer[Scalar[dtype], MutAnyOrigin], n: Int):
-    var ld = (n + W - 1) // W * W + W
+# Rows [i, i + R) of the trailing matrix, columns [c, c + CV*W): subtract
+# L21(i, :) L21(j, :)^T over the panel's nb columns (L21^T's rows in `lt`),
+# R rows times CV vectors in registers.
+@always_inline
+def _cholesky_update[
+    dtype: DType, W: Int, R: Int, CV: Int
+](
+    w: Pointer[Scalar[dtype], MutAnyOrigin],
+    lt: Pointer[Scalar[dtype], MutAnyOrigin],
+    ld: Int,
+    i: Int,
+    c: Int,
+    p0: Int,
+    nb: Int,
+):
+    var acc = StaticTuple[SIMD[dtype, W], R * CV](fill=SIMD[dtype, W](0))
+    comptime for r in range(R):
+        comptime for u in range(CV):
+            acc[r * CV + u] = w.unsafe_offset((i + r) * ld + c + u * W).unsafe_load[width=W]()
+    for q in range(nb):
+        var column = lt.unsafe_offset(q * ld + c)
+        comptime for u in range(CV):
+            var y = column.unsafe_offset(u * W).unsafe_load[width=W]()
+            comptime for r in range(R):
+                acc[r * CV + u] = acc[r * CV + u] - w[unsafe_offset=(i + r) * ld + p0 + q] * y
+    comptime for r in range(R):
+        comptime for u in range(CV):
+            w.unsafe_offset((i + r) * ld + c + u * W).unsafe_store(acc[r * CV + u])
+
+
+# Blocked right-looking Cholesky (potrf's), lower, of a (n x n, row-major),
+# in a scratch copy whose rows are padded by 4 SIMD vectors: per panel of
+# CHOLESKY_PANEL columns, the diagonal block one column at a time, the rows
+# below it by substitution (in `lt`, L21 transposed), then
+# the trailing lower triangle minus L21 L21^T in register blocks
+# (_cholesky_update, rows in parallel tasks for a single large matrix).
+# Register blocks may run past a row's diagonal into its padding or upper
+# part: never read. Returns False for a pivot <= 0 (a NaN pivot flows on, as
+# OpenBLAS's potrf); the lower triangle goes back to `a`, its upper triangle
+# stays. (Cholesky-Banachiewicz, before it, paid a horizontal sum per inner
+# product: cholesky 100's kernel took ~0.25 ms.)
+def _cholesky[dtype: DType, W: Int](a: Pointer[Scalar[dtype], MutAnyOrigin], n: Int, split: Bool) -> Bool:
+    var ld = (n + W - 1) // W * W + 4 * W
     var work_list = List[Scalar[dtype]](length=n * ld, fill=0)
-    var lt_list = List[Scalar[dtype]](length=n * ld, fill=0)
+    var lt_list = List[Scalar[dtype]](length=CHOLESKY_PANEL * ld, fill=0)
     var w = work_list.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
     var lt = lt_list.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
     for i in range(n):
         for j in range(i + 1):
             w[unsafe_offset=i * ld + j] = a[unsafe_offset=i * n + j]
     var ok = True
-    for k in range(n):
-        var d = w[unsafe_offset=k * ld + k]
-        # OpenBLAS's potrf (jax's LAPACK) fails on a pivot <= 0 only: a NaN
-        # flows on through the rows below.
-        if not (d > 0 or isnan(d)):
-            ok = False
-            break
-        d = sqrt(d)
-        w[unsafe_offset=k * ld + k] = d
-        for i in range(k + 1, n):
-            var v = w[unsafe_offset=i * ld + k] / d
-            w[unsafe_offset=i * ld + k] = v
-            lt[unsafe_offset=k * ld + i] = v
-        var column = lt.unsafe_offset(k * ld)
-        for i in range(k + 1, n):
-            var l = w[unsafe_offset=i * ld + k]
-            var row = w.unsafe_offset(i * ld)
-            var j = k + 1
-            while j <= i:
-                row.unsafe_offset(j).unsafe_store(
-                    row.unsafe_offset(j).unsafe_load[width=W]() - l * column.unsafe_offset(j).unsafe_load[width=W]()
-                )
-                j += W
-    for i in range(n):
-        for j in range(i + 1):
-            a[unsafe_offset=i * n + j] = w[unsafe_offset=i * ld + j] if ok else nan[dtype]()
+    for p0 in range(0, n, CHOLESKY_PANEL):
+        var p1 = min(p0 + CHOLESKY_PANEL, n)
+        var nb = p1 - p0
+        for k in range(p0, p1):
+            var d = w[unsafe_offset=k * ld + k]
+            if not (d > 0 or isnan(d)):
+                ok = False
+                break
+            d = sqrt(d)
+            w[unsafe_offset=k * ld + k] = d
+            for i in range(k + 1, p1):
+                w[unsafe_offset=i * ld + k] = w[unsafe_offset=i * ld + k] / d
+            for i in range(k + 1, p1):
+                var l = w[unsafe_offset=i * ld + k]
+                for j in range(k + 1, i + 1):
+                    w[unsafe_offset=i * ld + j] = w[unsafe_offset=i * ld + j] - l * w[unsafe_offset=j * ld + k]
         if not ok:
-            for j in range(i + 1, n):
-                a[unsafe_offset=i * n + j] = nan[dtype]()
+            break
+        if p1 == n:
+            break
+        var rows = n - p1
+        # Tasks of CHOLESKY_ROWS_PER_TASK rows (a multiple of W: the SIMD
+        # loops over a task's rows stay inside it; the last runs into the
+        # padding).
+        var per_task = rows
+        if split and rows * rows >= 1 << 14:
+            per_task = CHOLESKY_ROWS_PER_TASK
+        var tasks = (rows + per_task - 1) // per_task
+
+        def substitute(task: Int) {imm}:
+            # The panel's rows below the diagonal block, as columns of lt
+            # (contiguous over rows): forward substitution with L11^T, one
+            # SIMD axpy over the rows per term.
+            var r0 = p1 + task * per_task
+            var r1 = min(r0 + per_task, n)
+            for i in range(r0, r1):
+                for q in range(nb):
+                    lt[unsafe_offset=q * ld + i] = w[unsafe_offset=i * ld + p0 + q]
+            for j in range(nb):
+                var target = lt.unsafe_offset(j * ld)
+                for k in range(j):
+                    var l = w[unsafe_offset=(p0 + j) * ld + p0 + k]
+                    var source = lt.unsafe_offset(k * ld)
+                    var i = r0
+                    while i < r1:
+                        target.unsafe_offset(i).unsafe_store(
+                            target.unsafe_offset(i).unsafe_load[width=W]() - l * source.unsafe_offset(i).unsafe_load[width=W]()
+                        )
+                        i += W
+                var d = w[unsafe_offset=(p0 + j) * ld + p0 + j]
+                var i = r0
+                while i < r1:
+                    target.unsafe_offset(i).unsafe_store(target.unsafe_offset(i).unsafe_load[width=W]() / d)
+                    i += W
+            for i in range(r0, r1):
+                for q in range(nb):
+                    w[unsafe_offset=i * ld + p0 + q] = lt[unsafe_offset=q * ld + i]
+
+        def update(task: Int) {imm}:
+            var i = p1 + task * per_task
+            var end = min(i + per_task, n)
+            while i < end:
+                var r = min(4, end - i)
+                var last = i + r - 1  # the block's last row: columns up to its diagonal
+                var c = p1
+                while c <= last:
+                    if r == 4:
+                        _cholesky_update[dtype, W, 4, 4](w, lt, ld, i, c, p0, nb)
+                    else:
+                        for rr in range(r):
+                            _cholesky_update[dtype, W, 1, 4](w, lt, ld, i + rr, c, p0, nb)
+                    c += 4 * W
+                i += r
+
+        if tasks > 1:
+            sync_parallelize(substitute, tasks)
+            sync_parallelize(update, tasks)
+        else:
+            substitute(0)
+            update(0)
+    if ok:
+        for i in range(n):
+            for j in range(i + 1):
+                a[unsafe_offset=i * n + j] = w[unsafe_offset=i * ld + j]
     _ = len(work_list) + len(lt_list)  # alive until here
+    return ok
 
 
 @register("juju_cholesky")
@@ -88,55 +179,22 @@ struct Cholesky:
         var batch = Int(x.dim_size(0))
         var n = Int(x.dim_size(1))
 
-        def one(b: Int) {imm}:
+        def factor(b: Int, split: Bool) {imm}:
             var a = output.unsafe_ptr().unsafe_offset(b * n * n)
             for i in range(n):
                 for j in range(n):
                     a[unsafe_offset=i * n + j] = x[b, i, j]
-            if n <= SMALL_CHOLESKY:
-                _small_cholesky[dtype, W](a, n)
-                return
-            # Cholesky-Banachiewicz: row i from the rows above it; every
-            # inner product runs over two contiguous rows.
-            var ok = True
-            for i in range(n):
-                var ri = a.unsafe_offset(i * n)
-                for j in range(i + 1):
-                    var rj = a.unsafe_offset(j * n)
-                    var v0 = SIMD[dtype, W](0)
-                    var v1 = SIMD[dtype, W](0)
-                    var k = 0
-                    while k + 2 * W <= j:
-                        v0 += ri.unsafe_offset(k).unsafe_load[width=W]() * rj.unsafe_offset(
-                            k
-                        ).unsafe_load[width=W]()
-                        v1 += ri.unsafe_offset(k + W).unsafe_load[width=W]() * rj.unsafe_offset(
-                            k + W
-                        ).unsafe_load[width=W]()
-                        k += 2 * W
-                    var s = (v0 + v1).reduce_add()
-                    while k < j:
-                        s += ri[unsafe_offset=k] * rj[unsafe_offset=k]
-                        k += 1
-                    var v = ri[unsafe_offset=j] - s
-                    if j < i:
-                        ri[unsafe_offset=j] = v / rj[unsafe_offset=j]
-                    elif v > 0 or isnan(v):
-                        # OpenBLAS's potrf (jax's LAPACK) fails on a pivot
-                        # <= 0 only: a NaN flows on through the rows below.
-                        ri[unsafe_offset=i] = sqrt(v)
-                    else:  # not positive definite
-                        ok = False
-                if not ok:
-                    break
-            if not ok:
+            if not _cholesky[dtype, W](a, n, split):  # not positive definite
                 for e in range(n * n):
                     a[unsafe_offset=e] = nan[dtype]()
 
-        # One small matrix: no worker thread to wake. (A large one runs
-        # faster on a worker: cholesky 256 took 2x as long on this thread.)
-        if batch == 1 and n <= 128:
-            one(0)
+        def one(b: Int) {imm}:
+            factor(b, False)
+
+        # One matrix: on this thread (no worker to wake), its trailing
+        # updates split in tasks when large.
+        if batch == 1:
+            factor(0, True)
         else:
             sync_parallelize(one, batch)
 
