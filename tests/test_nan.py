@@ -238,3 +238,26 @@ def test_short_axis_max_propagates_nan():
     rows = np.tile(np.array(X, np.float32), 400).reshape(-1, 8)
     got = juju.jit(lambda b: (b.max(-1), b.min(-1)))(rows)
     assert_same(got, (rows.max(-1), rows.min(-1)))
+
+
+def test_exp_near_overflow():
+    """MAX's exp clamps float32 input at 88.376 (exp(inf) came back 2.406e38)
+    and overflows float64 before 709.78; juju's rule shifts large inputs.
+    Contiguous and strided reads (MAX took two code paths), exp2 and expm1."""
+    x32 = np.tile(np.array([88.0, 88.3, 88.376, 88.4, 88.5, 88.7, 88.72, 88.8, 89.0,
+                            np.inf, -np.inf, np.nan, -87.0, 1.0], np.float32), 48)
+    x64 = np.tile(np.array([708.0, 709.0, 709.5, 709.78, 709.8, 710.0, np.inf, -745.0],
+                           np.float64), 48)
+
+    def fn(a, b):
+        strided = a.reshape(-1, 14)[:, ::-1].reshape(-1)
+        return (jnp.exp(a), jnp.exp(strided), jnp.exp2(a * 1.4427), jnp.expm1(a),
+                jnp.exp(b), jnp.exp2(b * 1.4427))
+
+    with jax.enable_x64(True):
+        got = juju.jit(fn)(x32, x64)
+        expected = jax.jit(fn)(x32, x64)
+    assert_same(got[:4], expected[:4])
+    # MAX's float64 exp is off by up to ~3e-10 relative near 700 (its error
+    # grows with x: 3e-13 at 1, 4e-11 at 100; XLA's is within an ulp)
+    assert_same(got[4:], expected[4:], rtol=1e-9)

@@ -41,6 +41,26 @@ def _half_in_f32(op):
     return in_f32
 
 
+#: Above these, MAX's exp is wrong: float32 input is clamped at 88.376 (exp
+#: of 88.5, 89 and inf came back 2.406e38; XLA: 2.72e38, inf, inf), float64
+#: overflows early (exp(709.5) = inf; XLA: 1.35e308). There e^x = e^(x-1) e.
+_EXP_SHIFT_ABOVE = {DType.float32: 88.0, DType.float64: 708.0}
+
+
+def _exp(x):
+    """MAX's exp, correct up to overflow (_EXP_SHIFT_ABOVE)."""
+    threshold = _EXP_SHIFT_ABOVE.get(x.dtype)
+    if threshold is None:
+        return ops.exp(x)
+
+    def const(v):
+        return ops.constant(v, x.dtype, device=x.device)
+
+    big = ops.greater(x, const(threshold))
+    shifted = ops.exp(ops.sub(x, ops.where(big, const(1.0), const(0.0))))
+    return ops.mul(shifted, ops.where(big, const(math.e), const(1.0)))
+
+
 rules.elementwise(
     {
         P.add_p: ops.add,
@@ -54,7 +74,7 @@ rules.elementwise(
     {
         prim: _half_in_f32(op)
         for prim, op in {
-            P.exp_p: nan.passthrough(ops.exp),
+            P.exp_p: nan.passthrough(_exp),
             P.log_p: ops.log,
             P.log1p_p: ops.log1p,
             P.sqrt_p: ops.sqrt,
@@ -298,7 +318,7 @@ def _float_pow(ctx, x, y):
     # kernels assume none); exp(+-2000) is already inf / 0 in float64.
     exponent = ops.mul(ops.where(large_y, y, one), ops.log(safe_base))
     exponent = ops.min(ops.max(exponent, const(-2000.0)), const(2000.0))
-    mag = ops.where(large_y, ops.exp(exponent), mag)
+    mag = ops.where(large_y, _exp(exponent), mag)
     y_pos = ops.greater(y, zero)
     inf = const(float("inf"))
     mag = ops.where(ops.is_inf(ax), ops.where(y_pos, inf, zero), mag)
@@ -319,7 +339,7 @@ def _float_pow(ctx, x, y):
 @rules.register(P.exp2_p)
 def lower_exp2(ctx, x, *, accuracy=None):
     log2 = scalar(ctx, math.log(2.0), ctx.avals_in[0].dtype)
-    return nan.passthrough(ops.exp)(ops.mul(x, log2))
+    return nan.passthrough(_exp)(ops.mul(x, log2))
 
 
 # --- sign, rounding ------------------------------------------------------------
@@ -360,10 +380,13 @@ def lower_tan(ctx, x, *, accuracy=None):
 def lower_expm1(ctx, x, *, accuracy=None):
     # Kahan: (u - 1) * x / log(u) is accurate where exp(x) - 1 cancels.
     dtype = ctx.avals_in[0].dtype
-    u = ops.exp(x)
+    u = _exp(x)
     one = scalar(ctx, 1, dtype)
     um1 = ops.sub(u, one)
     accurate = ops.div(ops.mul(um1, x), ops.log(u))
+    # ... and needed only there: for |x| > 1 u - 1 does not cancel, and
+    # (u - 1) * x overflows from x ~ 86 (float32) on.
+    accurate = ops.where(ops.greater(ops.abs(x), one), um1, accurate)
     result = ops.where(ops.equal(u, one), x, accurate)
     result = ops.where(ops.equal(um1, scalar(ctx, -1, dtype)), um1, result)
     return ops.where(ops.logical_or(ops.is_inf(u), ops.is_nan(x)), ops.where(ops.is_nan(x), x, u),
