@@ -10,6 +10,7 @@ float->bool cast, exp/tanh/sigmoid and pow get NaN explicitly.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 from jax import lax
@@ -41,6 +42,11 @@ def _half_in_f32(op):
     return in_f32
 
 
+def _constant_like(x, value):
+    """A scalar constant of x's dtype, on x's device."""
+    return ops.constant(value, x.dtype, device=x.device)
+
+
 #: Above these, MAX's exp is wrong: float32 input is clamped at 88.376 (exp
 #: of 88.5, 89 and inf came back 2.406e38; XLA: 2.72e38, inf, inf), float64
 #: overflows early (exp(709.5) = inf; XLA: 1.35e308). There e^x = e^(x-1) e.
@@ -52,10 +58,7 @@ def _exp(x):
     threshold = _EXP_SHIFT_ABOVE.get(x.dtype)
     if threshold is None:
         return ops.exp(x)
-
-    def const(v):
-        return ops.constant(v, x.dtype, device=x.device)
-
+    const = partial(_constant_like, x)
     big = ops.greater(x, const(threshold))
     shifted = ops.exp(ops.sub(x, ops.where(big, const(1.0), const(0.0))))
     return ops.mul(shifted, ops.where(big, const(math.e), const(1.0)))
@@ -207,8 +210,7 @@ def _float_rem(ctx, x, y):
     for float32 operands (quotients below 2**29), then one correction step
     for a quotient rounded across an integer (MAX may divide by multiplying
     with the reciprocal)."""
-    def const(v):
-        return ops.constant(v, x.dtype, device=x.device)
+    const = partial(_constant_like, x)
 
     zero = const(0.0)
     ax, ay = ops.abs(x), ops.abs(y)
@@ -300,8 +302,7 @@ def _float_pow(ctx, x, y):
     """C's pow in float64: MAX's is only right for a finite positive base and
     a finite y of moderate size. |x| ** y from MAX where that holds (by
     exp and log for large |y|), then the sign and every special case."""
-    def const(v):
-        return ops.constant(v, x.dtype, device=x.device)
+    const = partial(_constant_like, x)
 
     zero, one = const(0.0), const(1.0)
     ax = ops.abs(x)
