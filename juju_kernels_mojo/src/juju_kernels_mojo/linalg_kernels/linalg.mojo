@@ -10,6 +10,8 @@ from max.gpu.host import DeviceContext
 from max.algorithm import sync_parallelize
 from std.math import isnan, sqrt
 from std.utils import IndexList, StaticTuple
+
+from .blocks import subtract_product
 from std.utils.numerics import nan
 
 
@@ -17,42 +19,12 @@ comptime CHOLESKY_PANEL = 32
 comptime CHOLESKY_ROWS_PER_TASK = 32
 
 
-# Rows [i, i + R) of the trailing matrix, columns [c, c + CV*W): subtract
-# L21(i, :) L21(j, :)^T over the panel's nb columns (L21^T's rows in `lt`),
-# R rows times CV vectors in registers.
-@always_inline
-def _cholesky_update[
-    dtype: DType, W: Int, R: Int, CV: Int
-](
-    w: Pointer[Scalar[dtype], MutAnyOrigin],
-    lt: Pointer[Scalar[dtype], MutAnyOrigin],
-    ld: Int,
-    i: Int,
-    c: Int,
-    p0: Int,
-    nb: Int,
-):
-    var acc = StaticTuple[SIMD[dtype, W], R * CV](fill=SIMD[dtype, W](0))
-    comptime for r in range(R):
-        comptime for u in range(CV):
-            acc[r * CV + u] = w.unsafe_offset((i + r) * ld + c + u * W).unsafe_load[width=W]()
-    for q in range(nb):
-        var column = lt.unsafe_offset(q * ld + c)
-        comptime for u in range(CV):
-            var y = column.unsafe_offset(u * W).unsafe_load[width=W]()
-            comptime for r in range(R):
-                acc[r * CV + u] = acc[r * CV + u] - w[unsafe_offset=(i + r) * ld + p0 + q] * y
-    comptime for r in range(R):
-        comptime for u in range(CV):
-            w.unsafe_offset((i + r) * ld + c + u * W).unsafe_store(acc[r * CV + u])
-
-
 # Blocked right-looking Cholesky (potrf's), lower, of a (n x n, row-major),
 # in a scratch copy whose rows are padded by 4 SIMD vectors: per panel of
 # CHOLESKY_PANEL columns, the diagonal block one column at a time, the rows
 # below it by substitution (in `lt`, L21 transposed), then
 # the trailing lower triangle minus L21 L21^T in register blocks
-# (_cholesky_update, rows in parallel tasks for a single large matrix).
+# (subtract_product, rows in parallel tasks for a single large matrix).
 # Register blocks may run past a row's diagonal into its padding or upper
 # part: never read. Returns False for a pivot <= 0 (a NaN pivot flows on, as
 # OpenBLAS's potrf); the lower triangle goes back to `a`, its upper triangle
@@ -135,10 +107,16 @@ def _cholesky[dtype: DType, W: Int](a: Pointer[Scalar[dtype], MutAnyOrigin], n: 
                 var c = p1
                 while c <= last:
                     if r == 4:
-                        _cholesky_update[dtype, W, 4, 4](w, lt, ld, i, c, p0, nb)
+                        subtract_product[dtype, W, 4, 4](
+                            w.unsafe_offset(i * ld + c), ld, w.unsafe_offset(i * ld + p0), ld,
+                            lt.unsafe_offset(c), ld, nb,
+                        )
                     else:
                         for rr in range(r):
-                            _cholesky_update[dtype, W, 1, 4](w, lt, ld, i + rr, c, p0, nb)
+                            subtract_product[dtype, W, 1, 4](
+                                w.unsafe_offset((i + rr) * ld + c), ld, w.unsafe_offset((i + rr) * ld + p0), ld,
+                                lt.unsafe_offset(c), ld, nb,
+                            )
                     c += 4 * W
                 i += r
 
@@ -328,52 +306,21 @@ struct TriangularSolve[lower: Bool, unit_diagonal: Bool]:
 def _lu_update_row[
     dtype: DType, W: Int
 ](a: Pointer[Scalar[dtype], MutAnyOrigin], i: Int, j0: Int, qs: Int, c0: Int, n: Int):
-    var ri = a.unsafe_offset(i * n)
+    var l = a.unsafe_offset(i * n + j0)
+    var u = a.unsafe_offset(j0 * n)
     var c = c0
     while c + 2 * W <= n:
-        var v0 = ri.unsafe_offset(c).unsafe_load[width=W]()
-        var v1 = ri.unsafe_offset(c + W).unsafe_load[width=W]()
-        for q in range(qs):
-            var l = ri[unsafe_offset=j0 + q]
-            var u = a.unsafe_offset((j0 + q) * n + c)
-            v0 = v0 - l * u.unsafe_load[width=W]()
-            v1 = v1 - l * u.unsafe_offset(W).unsafe_load[width=W]()
-        ri.unsafe_offset(c).unsafe_store(v0)
-        ri.unsafe_offset(c + W).unsafe_store(v1)
+        subtract_product[dtype, W, 1, 2](a.unsafe_offset(i * n + c), n, l, n, u.unsafe_offset(c), n, qs)
         c += 2 * W
     if c + W <= n:
-        var v0 = ri.unsafe_offset(c).unsafe_load[width=W]()
-        for q in range(qs):
-            v0 = v0 - ri[unsafe_offset=j0 + q] * a.unsafe_offset((j0 + q) * n + c).unsafe_load[width=W]()
-        ri.unsafe_offset(c).unsafe_store(v0)
+        subtract_product[dtype, W, 1, 1](a.unsafe_offset(i * n + c), n, l, n, u.unsafe_offset(c), n, qs)
         c += W
     while c < n:
-        var v = ri[unsafe_offset=c]
+        var v = a[unsafe_offset=i * n + c]
         for q in range(qs):
-            v = v - ri[unsafe_offset=j0 + q] * a[unsafe_offset=(j0 + q) * n + c]
-        ri[unsafe_offset=c] = v
+            v = v - l[unsafe_offset=q] * u[unsafe_offset=q * n + c]
+        a[unsafe_offset=i * n + c] = v
         c += 1
-
-
-# The same for 4 rows below the panel (all jb updates each), columns
-# [c, c + CV*W): every piece of U's rows loaded serves the 4 rows.
-@always_inline
-def _lu_update_four_rows[
-    dtype: DType, W: Int, CV: Int
-](a: Pointer[Scalar[dtype], MutAnyOrigin], i0: Int, j0: Int, jb: Int, c: Int, n: Int):
-    var acc = StaticTuple[SIMD[dtype, W], 4 * CV](fill=SIMD[dtype, W](0))
-    comptime for r in range(4):
-        comptime for u in range(CV):
-            acc[r * CV + u] = a.unsafe_offset((i0 + r) * n + c + u * W).unsafe_load[width=W]()
-    for q in range(jb):
-        var row = a.unsafe_offset((j0 + q) * n + c)
-        comptime for u in range(CV):
-            var y = row.unsafe_offset(u * W).unsafe_load[width=W]()
-            comptime for r in range(4):
-                acc[r * CV + u] = acc[r * CV + u] - a[unsafe_offset=(i0 + r) * n + j0 + q] * y
-    comptime for r in range(4):
-        comptime for u in range(CV):
-            a.unsafe_offset((i0 + r) * n + c + u * W).unsafe_store(acc[r * CV + u])
 
 
 # Rows [i0, i1) of getrf's trailing matrix, columns [c0, n): the panel's
@@ -388,11 +335,13 @@ def _lu_update_rows[
         i += 1
     while i + 4 <= i1:
         var c = c0
+        # 4 rows at once: every piece of U's rows loaded serves the 4.
+        var l = a.unsafe_offset(i * n + j0)
         while c + 4 * W <= n:
-            _lu_update_four_rows[dtype, W, 4](a, i, j0, jb, c, n)
+            subtract_product[dtype, W, 4, 4](a.unsafe_offset(i * n + c), n, l, n, a.unsafe_offset(j0 * n + c), n, jb)
             c += 4 * W
         while c + W <= n:
-            _lu_update_four_rows[dtype, W, 1](a, i, j0, jb, c, n)
+            subtract_product[dtype, W, 4, 1](a.unsafe_offset(i * n + c), n, l, n, a.unsafe_offset(j0 * n + c), n, jb)
             c += W
         if c < n:
             for r in range(4):

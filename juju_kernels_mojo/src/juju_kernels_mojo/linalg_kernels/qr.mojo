@@ -10,6 +10,8 @@ from max.algorithm import sync_parallelize
 from std.utils import StaticTuple
 from std.math import copysign, isnan, sqrt
 
+from .blocks import subtract_product
+
 comptime PANEL = 32  # reflectors per block (LAPACK's nb)
 comptime COLUMNS_PER_TASK = 128
 
@@ -153,36 +155,6 @@ def _v_transpose_c[
                 work.unsafe_offset((p0 + r) * ldw + wcol + u * W).unsafe_store(acc[r * CV + u])
 
 
-@always_inline
-def _c_minus_v_work[
-    dtype: DType, W: Int, R: Int, CV: Int
-](
-    c: Pointer[Scalar[dtype], MutAnyOrigin],
-    ldc: Int,
-    v: Pointer[Scalar[dtype], MutAnyOrigin],
-    i0: Int,
-    col: Int,
-    work: Pointer[Scalar[dtype], MutAnyOrigin],
-    wcol: Int,
-    ldw: Int,
-):
-    """C[i0 : i0+R, col : col + CV*W] -= V[i0 : i0+R, :] work[:, wcol...]:
-    R rows times CV vectors in registers over all reflectors."""
-    var acc = StaticTuple[SIMD[dtype, W], R * CV](fill=SIMD[dtype, W](0))
-    comptime for r in range(R):
-        comptime for u in range(CV):
-            acc[r * CV + u] = c.unsafe_offset((i0 + r) * ldc + col + u * W).unsafe_load[width=W]()
-    for p in range(PANEL):
-        var wp = work.unsafe_offset(p * ldw + wcol)
-        comptime for u in range(CV):
-            var y = wp.unsafe_offset(u * W).unsafe_load[width=W]()
-            comptime for r in range(R):
-                acc[r * CV + u] -= v[unsafe_offset=(i0 + r) * PANEL + p] * y
-    comptime for r in range(R):
-        comptime for u in range(CV):
-            c.unsafe_offset((i0 + r) * ldc + col + u * W).unsafe_store(acc[r * CV + u])
-
-
 def _apply_block[
     dtype: DType, W: Int, transpose: Bool
 ](
@@ -233,15 +205,24 @@ def _apply_block[
     while col + 4 * W <= width:
         var i = 0
         while i + 4 <= rows:
-            _c_minus_v_work[dtype, W, 4, 4](c, ldc, v, i, c0 + col, work, col, ldw)
+            subtract_product[dtype, W, 4, 4](
+                c.unsafe_offset(i * ldc + c0 + col), ldc, v.unsafe_offset(i * PANEL), PANEL,
+                work.unsafe_offset(col), ldw, PANEL,
+            )
             i += 4
         while i < rows:
-            _c_minus_v_work[dtype, W, 1, 4](c, ldc, v, i, c0 + col, work, col, ldw)
+            subtract_product[dtype, W, 1, 4](
+                c.unsafe_offset(i * ldc + c0 + col), ldc, v.unsafe_offset(i * PANEL), PANEL,
+                work.unsafe_offset(col), ldw, PANEL,
+            )
             i += 1
         col += 4 * W
     while col + W <= width:
         for i in range(rows):
-            _c_minus_v_work[dtype, W, 1, 1](c, ldc, v, i, c0 + col, work, col, ldw)
+            subtract_product[dtype, W, 1, 1](
+                c.unsafe_offset(i * ldc + c0 + col), ldc, v.unsafe_offset(i * PANEL), PANEL,
+                work.unsafe_offset(col), ldw, PANEL,
+            )
         col += W
     for cc in range(col, width):
         for i in range(rows):
