@@ -12,7 +12,9 @@ Kernels for lax primitives MAX has no op for (at `Priority.KERNEL`): integer
 `shift_right_arithmetic`, `population_count`, `clz`, and `threefry2x32`;
 on the CPU, `cholesky`, `lu` and `triangular_solve` of real matrices (their
 own library, `juju_linalg`: linalg_rules.py); on the CPU, `sort`, `top_k` and
-the cumulative reductions (`juju_sequence`: sequence_rules.py). On the CPU, `scan` and
+the cumulative reductions (`juju_sequence`: sequence_rules.py); on the CPU,
+float32/float64 `dot_general` through numpy's OpenBLAS (`juju_blas`:
+blas_rules.py). On the CPU, `scan` and
 `while` loops whose bodies loop_codegen.py can write become one generated
 kernel each (loop_rules.py; a library per loop, `juju_loop_<hash>`).
 """
@@ -58,12 +60,24 @@ def sequence_library_path() -> Path:
 
 sequence_library = juju.KernelLibrary(SEQUENCE_LIBRARY, path=sequence_library_path)
 
+BLAS_LIBRARY = "juju_blas"
+BLAS_KERNEL_DIR = Path(__file__).resolve().parent / "blas_kernels"
+
+
+def blas_library_path() -> Path:
+    """The compiled library of the BLAS-backed matrix product (blas_rules.py)."""
+    return build_kernel_library(BLAS_KERNEL_DIR, BLAS_LIBRARY)
+
+
+blas_library = juju.KernelLibrary(BLAS_LIBRARY, path=blas_library_path)
+
 from juju_kernels_mojo.primitives import add_one, fma, row_logsumexp  # noqa: E402
 
 __all__ = [
     "build_kernel_library", "cache_dir", "source_hash", "call_kernel", "broadcast_operands",
     "library_path", "kernel_library", "LIBRARY", "KERNEL_DIR", "linalg_library_path",
     "linalg_library", "LINALG_LIBRARY", "LINALG_KERNEL_DIR", "sequence_library_path",
-    "sequence_library", "SEQUENCE_LIBRARY", "SEQUENCE_KERNEL_DIR", "add_one", "fma",
+    "sequence_library", "SEQUENCE_LIBRARY", "SEQUENCE_KERNEL_DIR", "blas_library_path",
+    "blas_library", "BLAS_LIBRARY", "BLAS_KERNEL_DIR", "add_one", "fma",
     "row_logsumexp",
 ]
