@@ -47,7 +47,7 @@ def normal(*shape, dtype=np.float32):
 def factorizations(a, not_pd, nan_lower, nan_upper, large):
     bad = jnp.stack([a[0], not_pd])  # one batch element fails: NaN there only
     return {
-        # one large matrix: the trailing updates split in tasks
+        # one large matrix: several panels, a partial last one
         "large": lax.linalg.cholesky(large, symmetrize_input=False),
         "cholesky": lax.linalg.cholesky(a, symmetrize_input=False),
         "symmetrized": jnp.linalg.cholesky(a),
@@ -71,7 +71,7 @@ def triangular_solves(t, b):
 
 def lu_cases(square, singular, wide, ties, large):
     return {
-        "large": lax.linalg.lu(large),  # one matrix: the trailing updates split in tasks
+        "large": lax.linalg.lu(large),  # one matrix: many panels and trailing updates
         "square": lax.linalg.lu(square),
         "singular": lax.linalg.lu(singular),
         "wide": lax.linalg.lu(wide),

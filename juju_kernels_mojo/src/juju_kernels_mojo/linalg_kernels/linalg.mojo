@@ -16,7 +16,6 @@ from std.utils.numerics import nan
 
 
 comptime CHOLESKY_PANEL = 32
-comptime CHOLESKY_ROWS_PER_TASK = 32
 
 
 # Blocked right-looking Cholesky (potrf's), lower, of a (n x n, row-major),
@@ -24,13 +23,16 @@ comptime CHOLESKY_ROWS_PER_TASK = 32
 # CHOLESKY_PANEL columns, the diagonal block one column at a time, the rows
 # below it by substitution (in `lt`, L21 transposed), then
 # the trailing lower triangle minus L21 L21^T in register blocks
-# (subtract_product, rows in parallel tasks for a single large matrix).
+# (subtract_product). One thread per matrix: splitting a single matrix's
+# panels across MAX's workers made the bench's cholesky 256 2.46 ms and 1024
+# 44.8 ms, against 0.42 and 12.0 ms on one thread (a parallel launch inside
+# MAX returned 100-260 us after its tasks, docs/performance.md).
 # Register blocks may run past a row's diagonal into its padding or upper
 # part: never read. Returns False for a pivot <= 0 (a NaN pivot flows on, as
 # OpenBLAS's potrf); the lower triangle goes back to `a`, its upper triangle
 # stays. (Cholesky-Banachiewicz, before it, paid a horizontal sum per inner
 # product: cholesky 100's kernel took ~0.25 ms.)
-def _cholesky[dtype: DType, W: Int](a: Pointer[Scalar[dtype], MutAnyOrigin], n: Int, split: Bool) -> Bool:
+def _cholesky[dtype: DType, W: Int](a: Pointer[Scalar[dtype], MutAnyOrigin], n: Int) -> Bool:
     var ld = (n + W - 1) // W * W + 4 * W
     var work_list = List[Scalar[dtype]](length=n * ld, fill=0)
     var lt_list = List[Scalar[dtype]](length=CHOLESKY_PANEL * ld, fill=0)
@@ -60,72 +62,53 @@ def _cholesky[dtype: DType, W: Int](a: Pointer[Scalar[dtype], MutAnyOrigin], n: 
             break
         if p1 == n:
             break
-        var rows = n - p1
-        # Tasks of CHOLESKY_ROWS_PER_TASK rows (a multiple of W: the SIMD
-        # loops over a task's rows stay inside it; the last runs into the
-        # padding).
-        var per_task = rows
-        if split and rows * rows >= 1 << 14:
-            per_task = CHOLESKY_ROWS_PER_TASK
-        var tasks = (rows + per_task - 1) // per_task
-
-        def substitute(task: Int) {imm}:
-            # The panel's rows below the diagonal block, as columns of lt
-            # (contiguous over rows): forward substitution with L11^T, one
-            # SIMD axpy over the rows per term.
-            var r0 = p1 + task * per_task
-            var r1 = min(r0 + per_task, n)
-            for i in range(r0, r1):
-                for q in range(nb):
-                    lt[unsafe_offset=q * ld + i] = w[unsafe_offset=i * ld + p0 + q]
-            for j in range(nb):
-                var target = lt.unsafe_offset(j * ld)
-                for k in range(j):
-                    var l = w[unsafe_offset=(p0 + j) * ld + p0 + k]
-                    var source = lt.unsafe_offset(k * ld)
-                    var i = r0
-                    while i < r1:
-                        target.unsafe_offset(i).unsafe_store(
-                            target.unsafe_offset(i).unsafe_load[width=W]() - l * source.unsafe_offset(i).unsafe_load[width=W]()
-                        )
-                        i += W
-                var d = w[unsafe_offset=(p0 + j) * ld + p0 + j]
-                var i = r0
-                while i < r1:
-                    target.unsafe_offset(i).unsafe_store(target.unsafe_offset(i).unsafe_load[width=W]() / d)
+        # The panel's rows below the diagonal block, as columns of lt
+        # (contiguous over rows): forward substitution with L11^T, one SIMD
+        # axpy over the rows per term (the last runs into the padding).
+        for i in range(p1, n):
+            for q in range(nb):
+                lt[unsafe_offset=q * ld + i] = w[unsafe_offset=i * ld + p0 + q]
+        for j in range(nb):
+            var target = lt.unsafe_offset(j * ld)
+            for k in range(j):
+                var l = w[unsafe_offset=(p0 + j) * ld + p0 + k]
+                var source = lt.unsafe_offset(k * ld)
+                var i = p1
+                while i < n:
+                    target.unsafe_offset(i).unsafe_store(
+                        target.unsafe_offset(i).unsafe_load[width=W]() - l * source.unsafe_offset(i).unsafe_load[width=W]()
+                    )
                     i += W
-            for i in range(r0, r1):
-                for q in range(nb):
-                    w[unsafe_offset=i * ld + p0 + q] = lt[unsafe_offset=q * ld + i]
+            var d = w[unsafe_offset=(p0 + j) * ld + p0 + j]
+            var i = p1
+            while i < n:
+                target.unsafe_offset(i).unsafe_store(target.unsafe_offset(i).unsafe_load[width=W]() / d)
+                i += W
+        for i in range(p1, n):
+            for q in range(nb):
+                w[unsafe_offset=i * ld + p0 + q] = lt[unsafe_offset=q * ld + i]
 
-        def update(task: Int) {imm}:
-            var i = p1 + task * per_task
-            var end = min(i + per_task, n)
-            while i < end:
-                var r = min(4, end - i)
-                var last = i + r - 1  # the block's last row: columns up to its diagonal
-                var c = p1
-                while c <= last:
-                    if r == 4:
-                        subtract_product[dtype, W, 4, 4](
-                            w.unsafe_offset(i * ld + c), ld, w.unsafe_offset(i * ld + p0), ld,
+        # The trailing lower triangle minus L21 L21^T.
+        var i = p1
+        while i < n:
+            var r = min(4, n - i)
+            var last = i + r - 1  # the block's last row: columns up to its diagonal
+            var c = p1
+            while c <= last:
+                if r == 4:
+                    subtract_product[dtype, W, 4, 4](
+                        w.unsafe_offset(i * ld + c), ld, w.unsafe_offset(i * ld + p0), ld,
+                        lt.unsafe_offset(c), ld, nb,
+                    )
+                else:
+                    for rr in range(r):
+                        subtract_product[dtype, W, 1, 4](
+                            w.unsafe_offset((i + rr) * ld + c), ld, w.unsafe_offset((i + rr) * ld + p0), ld,
                             lt.unsafe_offset(c), ld, nb,
                         )
-                    else:
-                        for rr in range(r):
-                            subtract_product[dtype, W, 1, 4](
-                                w.unsafe_offset((i + rr) * ld + c), ld, w.unsafe_offset((i + rr) * ld + p0), ld,
-                                lt.unsafe_offset(c), ld, nb,
-                            )
-                    c += 4 * W
-                i += r
+                c += 4 * W
+            i += r
 
-        if tasks > 1:
-            sync_parallelize(substitute, tasks)
-            sync_parallelize(update, tasks)
-        else:
-            substitute(0)
-            update(0)
     if ok:
         for i in range(n):
             for j in range(i + 1):
@@ -157,24 +140,20 @@ struct Cholesky:
         var batch = Int(x.dim_size(0))
         var n = Int(x.dim_size(1))
 
-        def factor(b: Int, split: Bool) {imm}:
+        def factor(b: Int) {imm}:
             var a = output.unsafe_ptr().unsafe_offset(b * n * n)
             for i in range(n):
                 for j in range(n):
                     a[unsafe_offset=i * n + j] = x[b, i, j]
-            if not _cholesky[dtype, W](a, n, split):  # not positive definite
+            if not _cholesky[dtype, W](a, n):  # not positive definite
                 for e in range(n * n):
                     a[unsafe_offset=e] = nan[dtype]()
 
-        def one(b: Int) {imm}:
-            factor(b, False)
-
-        # One matrix: on this thread (no worker to wake), its trailing
-        # updates split in tasks when large.
+        # One matrix: on this thread (no worker to wake).
         if batch == 1:
-            factor(0, True)
+            factor(0)
         else:
-            sync_parallelize(one, batch)
+            sync_parallelize(factor, batch)
 
 
 # Rows of steps [s0, s0 + R) of a left-side trsm (step s is row s, or row
@@ -358,8 +337,8 @@ struct LU:
     0-based pivot rows [batch, min(m, n)] and the permutation [batch, m]
     (int32) that jax derives from them. Blocked by PANEL columns: a panel is
     factorized unblocked, then U's rows right of it, then one pass over the
-    trailing matrix (in parallel over rows for a single large matrix) takes
-    the panel's PANEL updates at once."""
+    trailing matrix takes the panel's PANEL updates at once; the matrices of
+    a batch in parallel."""
 
     @staticmethod
     def execute[
@@ -378,7 +357,6 @@ struct LU:
         )
         comptime W = 16 if dtype == DType.float32 else 8
         comptime PANEL = 8
-        comptime ROWS_PER_TASK = 32
         var batch = Int(x.dim_size(0))
         var m = Int(x.dim_size(1))
         var n = Int(x.dim_size(2))
@@ -386,7 +364,7 @@ struct LU:
         # LAPACK scales by the reciprocal unless it would overflow.
         var smallest_normal = Scalar[dtype](1.1754943508222875e-38) if dtype == DType.float32 else Scalar[dtype](2.2250738585072014e-308)
 
-        def factor(b: Int, split_rows: Bool) {imm}:
+        def factor(b: Int) {imm}:
             var a = lu.unsafe_ptr().unsafe_offset(b * m * n)
             var piv = pivots.unsafe_ptr().unsafe_offset(b * r)
             var perm = permutation.unsafe_ptr().unsafe_offset(b * m)
@@ -434,24 +412,12 @@ struct LU:
                     continue
                 # U's rows of the panel, right of it; then the trailing rows.
                 _lu_update_rows[dtype, W](a, j0 + 1, c_end, j0, jb, c_end, n)
-                var rows = m - c_end
-                var tasks = (rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
-                if split_rows and tasks > 1 and rows * (n - c_end) >= 1 << 16:
+                _lu_update_rows[dtype, W](a, c_end, m, j0, jb, c_end, n)
 
-                    def update(task: Int) {imm}:
-                        var i0 = c_end + task * ROWS_PER_TASK
-                        _lu_update_rows[dtype, W](
-                            a, i0, min(i0 + ROWS_PER_TASK, m), j0, jb, c_end, n
-                        )
-
-                    sync_parallelize(update, tasks)
-                else:
-                    _lu_update_rows[dtype, W](a, c_end, m, j0, jb, c_end, n)
-
-        def one(b: Int) {imm}:
-            factor(b, False)
-
+        # One matrix: on this thread. Its trailing updates in parallel tasks
+        # (rows of 32) made the bench's lu_factor 1024 32.4 ms, against
+        # 21.9 ms on one thread (see _cholesky).
         if batch == 1:
-            factor(0, True)
+            factor(0)
         else:
-            sync_parallelize(one, batch)
+            sync_parallelize(factor, batch)
