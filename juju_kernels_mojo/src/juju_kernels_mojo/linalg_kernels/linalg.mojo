@@ -7,7 +7,7 @@
 # compiled code.
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
-from max.algorithm import sync_parallelize
+from max.algorithm import parallelize
 from std.math import isnan, sqrt
 from std.utils import IndexList, StaticTuple
 
@@ -153,7 +153,7 @@ struct Cholesky:
         if batch == 1:
             factor(0)
         else:
-            sync_parallelize(factor, batch)
+            parallelize(factor, batch)
 
 
 # Rows of steps [s0, s0 + R) of a left-side trsm (step s is row s, or row
@@ -274,7 +274,7 @@ struct TriangularSolve[lower: Bool, unit_diagonal: Bool]:
         if batch * blocks == 1 and m <= 128:  # as juju_cholesky
             one(0)
         else:
-            sync_parallelize(one, batch * blocks)
+            parallelize(one, batch * blocks)
 
 
 # Row i of getrf's trailing matrix, columns [c0, n): subtract
@@ -420,4 +420,4 @@ struct LU:
         if batch == 1:
             factor(0)
         else:
-            sync_parallelize(factor, batch)
+            parallelize(factor, batch)

@@ -6,7 +6,7 @@
 # memory passes per reflector.
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
-from max.algorithm import sync_parallelize
+from max.algorithm import parallelize, sync_parallelize
 from std.utils import StaticTuple
 from std.math import copysign, isnan, sqrt
 
@@ -356,7 +356,7 @@ struct Geqrf:
         if batch == 1:
             factor(0, True)
         else:
-            sync_parallelize(one, batch)
+            parallelize(one, batch)
 
 
 @register("juju_householder_product")
@@ -420,4 +420,4 @@ struct HouseholderProduct:
         if batch == 1:
             build(0, True)
         else:
-            sync_parallelize(one, batch)
+            parallelize(one, batch)

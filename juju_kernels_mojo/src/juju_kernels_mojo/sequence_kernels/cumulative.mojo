@@ -6,7 +6,7 @@
 # one rounding per element). max/min propagate NaN, as XLA's.
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
-from max.algorithm import sync_parallelize
+from max.algorithm import parallelize
 from std.math import exp, isinf, isnan, log1p
 from std.utils.numerics import inf, nan
 
@@ -97,4 +97,4 @@ struct Cumulative[kind: Int, reverse: Bool]:
         if pre == 1:
             block(0)
         else:
-            sync_parallelize(block, pre)
+            parallelize(block, pre)

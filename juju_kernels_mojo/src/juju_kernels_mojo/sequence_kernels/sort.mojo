@@ -5,7 +5,7 @@
 # are equal in every key (a float32 key varies in 5 of its 8 bytes).
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
-from max.algorithm import sync_parallelize
+from max.algorithm import parallelize
 from std.math import isnan
 from std.memory import bitcast
 
@@ -152,7 +152,7 @@ struct SortPermutation[descending: Bool, signed_zeros: Bool]:
         if rows == 1:
             row(0)
         else:
-            sync_parallelize(row, rows)
+            parallelize(row, rows)
 
 
 @register("juju_top_k")
@@ -224,4 +224,4 @@ struct TopK:
         if rows == 1:
             row(0)
         else:
-            sync_parallelize(row, rows)
+            parallelize(row, rows)
