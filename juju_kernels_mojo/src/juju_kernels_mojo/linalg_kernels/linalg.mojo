@@ -25,8 +25,8 @@ comptime CHOLESKY_PANEL = 32
 # the trailing lower triangle minus L21 L21^T in register blocks
 # (subtract_product). One thread per matrix: splitting a single matrix's
 # panels across MAX's workers made the bench's cholesky 256 2.46 ms and 1024
-# 44.8 ms, against 0.42 and 12.0 ms on one thread (a parallel launch inside
-# MAX returned 100-260 us after its tasks, docs/performance.md).
+# 44.8 ms, against 0.42 and 12.0 ms on one thread (waking MAX's sleeping
+# workers for a parallel launch costs ~600 us, docs/performance.md).
 # Register blocks may run past a row's diagonal into its padding or upper
 # part: never read. Returns False for a pivot <= 0 (a NaN pivot flows on, as
 # OpenBLAS's potrf); the lower triangle goes back to `a`, its upper triangle
