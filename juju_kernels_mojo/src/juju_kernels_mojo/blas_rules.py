@@ -35,11 +35,10 @@ import juju
 from juju import primitives as P
 from juju_kernels_mojo import BLAS_LIBRARY
 from juju_kernels_mojo.build import cache_dir
+from juju_kernels_mojo.linalg_rules import REAL
 from juju_kernels_mojo.lowering import call_kernel
 
 log = logging.getLogger(__name__)
-
-REAL = (np.dtype(np.float32), np.dtype(np.float64))
 
 rules = juju.RuleSet(dtypes=REAL)
 
@@ -134,11 +133,11 @@ def _as_matrices(x, shape, batch, contract, free_first):
     sizes = [math.prod(shape[d] for d in group) for group in (batch, free, contract)]
     natural = list(batch) + free + list(contract)
     swapped = list(batch) + list(contract) + free
-    order = natural if free_first else swapped
+    order, other = (natural, swapped) if free_first else (swapped, natural)
+    identity = list(range(len(shape)))
     flipped = False
-    if order != list(range(len(shape))):
-        other = swapped if free_first else natural
-        if other == list(range(len(shape))):
+    if order != identity:
+        if other == identity:
             flipped = True
         else:
             x = ops.permute(x, order)
