@@ -4,6 +4,9 @@ workaround; all share one compilation."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -105,3 +108,18 @@ def test_only_regrouping_reshapes_of_a_product_get_the_barrier():
     a, b = np.ones((4, 10), np.float32), np.ones((10, 75), np.float32)
     text = juju.jit(lambda a, b: ((a @ b).reshape(4, 3, 25), a @ b, (a @ b)[None])).lower(a, b).as_text()
     assert text.count("mo.cumsum") == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_max_workers_yield_to_the_caller():
+    # MAX's CPU workers spin after each execute; juju lowers their priority
+    # (engine._lower_worker_priority) so they do not take the caller's core.
+    from juju import engine
+    from juju._compat import max_worker_thread_ids
+
+    engine.cpu_engine().session  # the workers exist from here on
+    workers = max_worker_thread_ids()
+    assert workers, "MAX's worker threads were not found: their names changed?"
+    expected = int(os.environ.get("JUJU_MAX_WORKER_NICE", engine._WORKER_NICE_DEFAULT))
+    if expected > 0:
+        assert all(os.getpriority(os.PRIO_PROCESS, t) >= expected for t in workers)

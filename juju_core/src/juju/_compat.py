@@ -330,3 +330,30 @@ from jax._src import traceback_util as _traceback_util  # noqa: E402
 
 api_boundary = _traceback_util.api_boundary  # filters per JAX_TRACEBACK_FILTERING
 hide_frames_under = _traceback_util.register_exclusion
+
+
+# --- MAX's runtime ------------------------------------------------------------------
+
+# MAX 26.7 names the CPU worker threads of its runtime "🔥 Thread0",
+# "🔥 Thread1", ... (created with the first `max.driver.CPU()`).
+_MAX_WORKER_NAME = "\N{FIRE} Thread"
+
+
+def max_worker_thread_ids() -> list[int]:
+    """Native ids of MAX's CPU worker threads in this process (Linux; else [])."""
+    import os
+
+    ids = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return ids
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8", errors="replace") as f:
+                name = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if name.startswith(_MAX_WORKER_NAME):
+            ids.append(int(tid))
+    return ids
