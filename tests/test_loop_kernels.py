@@ -197,6 +197,24 @@ def float64_rnn(w, xs):
     return lax.scan(cell, jnp.ones(9, jnp.float64), xs)
 
 
+def vector_math(xs, y):
+    """The elementwise ops the generator writes in SIMD vectors, over rows
+    that are not a multiple of the vector width (a scalar tail), with special
+    values, splatted literals and a carried scalar."""
+    def step(c, v):
+        outs = (jnp.exp(v), jnp.log(v), jnp.tanh(v), jnp.sin(v), jnp.cos(v), jnp.sqrt(v),
+                lax.rsqrt(v), jnp.log1p(v), jnp.expm1(v), jnp.exp2(v), lax.erf(v),
+                jnp.floor(v), jnp.ceil(v), jax.nn.sigmoid(v), jnp.abs(v), -v, jnp.square(v),
+                v + y, v - y, v * y, v / y, v * 2.5 - c, v / c)
+        return c * 1.5, outs
+    return lax.scan(step, jnp.ones((), xs.dtype), xs)
+
+
+def _vector_rows(n, dtype):
+    row = np.concatenate([SPECIAL, normal(n - SPECIAL.size) * 3]).astype(dtype)
+    return np.stack([row, row[::-1], -row])
+
+
 CASES = {
     "rnn": (rnn, (normal(32, 32) * 0.2, normal(8, 32), normal(32), normal(50, 8),
                   normal(32))),
@@ -215,6 +233,9 @@ CASES = {
     "carries": (carries, (normal(3),)),
     "wrappers": (wrappers, (normal(4, 5),)),
     "library_primitive": (library_primitive, (normal(6) * 4,)),
+    "vector_math": (vector_math, (_vector_rows(20, np.float32), _vector_rows(20, np.float32)[1])),
+    "float64_vector_math": (vector_math, (_vector_rows(22, np.float64),
+                                          _vector_rows(22, np.float64)[2])),
     "float64_rnn": (float64_rnn, (normal(9, 9, dtype=np.float64) * 0.3,
                                   normal(12, 9, dtype=np.float64))),
 }

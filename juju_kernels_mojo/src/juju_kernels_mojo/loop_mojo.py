@@ -119,6 +119,14 @@ def _float_fn(name):
     return lambda dt, x: f"keep_nan({x}, {name}({x}))"
 
 
+def _exp(dt, x):
+    return f"{'exp_f64' if dt == np.float64 else 'exp'}({x})"
+
+
+#: Equations whose float64 form calls libm's exp (`exp_f64` in PRELUDE).
+LIBM_EXP_F64 = {P.exp_p, P.exp2_p, P.logistic_p}
+
+
 def _sign(dt, x):
     if dt.kind == "f":  # sign(-0.0) is -0.0, sign(NaN) NaN
         return f"keep_nan({x}, copysign({literal(1, dt)}, {x}) if {x} != 0 else {x})"
@@ -130,15 +138,16 @@ def unary_expression(prim):
     return {
         P.neg_p: lambda dt, x: f"-{x}",
         P.abs_p: lambda dt, x: f"abs({x})",
-        P.exp_p: _float_fn("exp"), P.log_p: _float_fn("log"), P.tanh_p: _float_fn("tanh"),
+        P.exp_p: lambda dt, x: f"keep_nan({x}, {_exp(dt, x)})",
+        P.log_p: _float_fn("log"), P.tanh_p: _float_fn("tanh"),
         P.sin_p: _float_fn("sin"), P.cos_p: _float_fn("cos"), P.sqrt_p: _float_fn("sqrt"),
         P.log1p_p: _float_fn("log1p"), P.expm1_p: _float_fn("expm1"),
         # Mojo's exp2 is a coarse approximation (2^inf = 8.5e37): 2^x = e^(x ln 2).
-        P.exp2_p: lambda dt, x: f"keep_nan({x}, exp({x} * {literal(math.log(2), dt)}))",
+        P.exp2_p: lambda dt, x: f"keep_nan({x}, {_exp(dt, f'{x} * {literal(math.log(2), dt)}')})",
         P.erf_p: _float_fn("erf"),
         P.floor_p: _float_fn("floor"), P.ceil_p: _float_fn("ceil"),
         P.rsqrt_p: lambda dt, x: f"keep_nan({x}, 1 / sqrt({x}))",
-        P.logistic_p: lambda dt, x: f"keep_nan({x}, 1 / (1 + exp(-{x})))",
+        P.logistic_p: lambda dt, x: f"keep_nan({x}, 1 / (1 + {_exp(dt, '-' + x)}))",
         P.sign_p: _sign,
         P.is_finite_p: lambda dt, x: f"not (isnan({x}) or isinf({x}))",
         P.not_p: lambda dt, x: f"~{x}",
@@ -174,6 +183,7 @@ FLOAT_DIV = {P.div_p}  # integer division rounds toward zero in lax: left to MAX
 
 PRELUDE = '''\
 from extensibility import register, InputTensor, OutputTensor
+from std.ffi import external_call
 from max.gpu.host import DeviceContext
 from std.math import (atan2, ceil, copysign, cos, erf, exp, expm1, floor, isinf, isnan, log,
                       log1p, sin, sqrt, tanh)
@@ -186,6 +196,19 @@ def keep_nan[dt: DType](x: Scalar[dt], y: Scalar[dt]) -> Scalar[dt]:
         return x if isnan(x) else y
     else:
         return y
+
+
+@always_inline
+def keep_nan_v[dt: DType, w: Int](x: SIMD[dt, w], y: SIMD[dt, w]) -> SIMD[dt, w]:
+    # Mojo 1.2 does not infer w from the arguments: callers name both.
+    return isnan(x).select(x, y)
+
+
+@always_inline
+def exp_f64(x: Float64) -> Float64:
+    # Mojo's float64 exp is off by up to 4e-11 relative (exp(88)); libm's
+    # is within an ulp, as XLA's.
+    return external_call["exp", Float64](x)
 
 
 @always_inline
@@ -216,6 +239,15 @@ def float_to_int[src: DType, dst: DType](x: Scalar[src]) -> Scalar[dst]:
     return x.cast[dst]()
 '''
 
+
+#: Elementwise equations also written over SIMD vectors (float operands of
+#: one shape, or splatted scalars): arithmetic and math functions.
+#: Comparisons, selects, casts and min/max stay scalar loops.
+VECTOR_ELEMENTWISE = {
+    P.add_p, P.sub_p, P.mul_p, P.div_p, P.neg_p, P.abs_p, P.square_p, P.add_jaxvals_p,
+    P.exp_p, P.log_p, P.tanh_p, P.sin_p, P.cos_p, P.sqrt_p, P.log1p_p, P.expm1_p, P.exp2_p,
+    P.erf_p, P.floor_p, P.ceil_p, P.rsqrt_p, P.logistic_p,
+}
 
 ELEMENTWISE = {
     P.neg_p, P.abs_p, P.exp_p, P.log_p, P.tanh_p, P.sin_p, P.cos_p, P.sqrt_p, P.log1p_p,
