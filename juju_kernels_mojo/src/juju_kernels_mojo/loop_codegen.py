@@ -3,8 +3,9 @@
 MAX runs each iteration of its `while_loop` through its runtime (~15-35 us
 a trip on the CPU, whatever the body holds), so a small-body loop costs
 50-150x `jax.jit`'s. `loop_source` writes the loop, its body and every
-equation in it as scalar Mojo loops over static shapes: the loop then runs
-without leaving compiled code. It covers the equations small iterative
+equation in it as Mojo loops over static shapes (SIMD vectors for float
+arithmetic, math functions and copies; scalar loops for the rest): the loop
+then runs without leaving compiled code. It covers the equations small iterative
 programs are made of (elementwise math, comparisons, select, casts,
 broadcasts, reshapes, transposes, slices, concatenation, reductions,
 dot_general, iota, dynamic slices, cond, nested scan/while and the call
