@@ -7,6 +7,7 @@ imports are isolated so that a JAX upgrade breaks exactly one module.
 from __future__ import annotations
 
 import contextlib
+import os
 
 import numpy as np
 import jax
@@ -341,8 +342,6 @@ _MAX_WORKER_NAME = "\N{FIRE} Thread"
 
 def max_worker_thread_ids() -> list[int]:
     """Native ids of MAX's CPU worker threads in this process (Linux; else [])."""
-    import os
-
     ids = []
     try:
         tasks = os.listdir("/proc/self/task")

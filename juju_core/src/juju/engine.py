@@ -66,7 +66,8 @@ class Engine:
 
                 session = engine.InferenceSession(devices=[self.device])
                 _sessions[self.key] = session
-                _lower_worker_priority()  # the session made the host CPU device
+                # MAX's CPU workers exist from here on, whichever the device.
+                _lower_worker_priority()
             return session
 
     @property
@@ -199,7 +200,6 @@ def _device(kind: str, index: int):
 
         if kind == "cpu":
             _devices[key] = driver.CPU()
-            _lower_worker_priority()
         else:
             count = driver.accelerator_count()
             if count <= index:
