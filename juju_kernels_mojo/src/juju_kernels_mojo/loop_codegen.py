@@ -100,9 +100,7 @@ class Emitter:
             if start:
                 k = self.fresh("k")
                 with self.block(f"for {k} in range(0, {start}, {width}):"):
-                    self.emit(f"{dst.ptr}.unsafe_offset({add_offsets(dst.offset, k)}).unsafe_store("
-                              f"{src.ptr}.unsafe_offset({add_offsets(src.offset, k)})"
-                              f".unsafe_load[width={width}]())")
+                    self.emit(dst.store(k, src.load(k, width)))
             if start == dst.size:
                 return
         k = self.fresh("k")
@@ -208,7 +206,6 @@ class Emitter:
         16-float ops cost ~50 ns)."""
         width = VECTOR_BYTES // dt.itemsize
         n = out.size - out.size % width
-        fn = unary_expression(prim) or binary_expression(prim)
         if prim not in VECTOR_ELEMENTWISE or n == 0 or out.dtype != dt:
             return 0
         if dt == np.float64 and prim in LIBM_EXP_F64:  # libm's exp is scalar
@@ -222,20 +219,16 @@ class Emitter:
                 if x.size == 1:  # a literal or a one-element array: splat
                     self.emit(f"var {name} = {vector}({x.at('0')})")
                 else:
-                    self.emit(f"var {name} = {x.ptr}.unsafe_offset({add_offsets(x.offset, k)})"
-                              f".unsafe_load[width={width}]()")
+                    self.emit(f"var {name} = {x.load(k, width)}")
                 names.append(name)
-            expr = f"{names[0]} / {names[1]}" if prim is P.div_p else \
-                f"{names[0]} + {names[1]}" if prim is P.add_jaxvals_p else fn(dt, *names)
-            expr = expr.replace("keep_nan(", f"keep_nan_v[{mojo_dtype(dt)}, {width}](")
-            self.emit(f"{out.ptr}.unsafe_offset({add_offsets(out.offset, k)}).unsafe_store({expr})")
+            fn = unary_expression(prim) or binary_expression(prim)
+            expr = fn(dt, *names).replace("keep_nan(", f"keep_nan_v[{mojo_dtype(dt)}, {width}](")
+            self.emit(out.store(k, expr))
         return n
 
     def element(self, prim, ins, out, args, at, dt, params):
         """out[at] = prim(args), the operands' elements as expressions."""
-        if prim is P.div_p:
-            expr = f"{args[0]} / {args[1]}"
-        elif prim is P.integer_pow_p:
+        if prim is P.integer_pow_p:
             expr = self.integer_pow(args[0], dt, params["y"])
         elif prim is P.select_n_p:
             expr = args[-1]
@@ -247,8 +240,6 @@ class Emitter:
             expr = f"min_nan(max_nan({args[1]}, {args[0]}), {args[2]})"
         elif prim is P.convert_element_type_p:
             expr = self.convert(args[0], dt, out.dtype)
-        elif prim is P.add_jaxvals_p:
-            expr = f"{args[0]} + {args[1]}"
         else:
             fn = unary_expression(prim) or binary_expression(prim)
             expr = fn(dt, *args)
@@ -455,13 +446,11 @@ class Emitter:
 
                     def inner(cidx):
                         a = lhs.at(operand(ls, lf, lb, lc, idx, cidx, idx_l))
-                        b_at = add_offsets(operand(rs, rf, rb, rc, idx, cidx, [*idx_r, j]), rhs.offset)
-                        self.emit(f"{acc} += {a} * {rhs.ptr}.unsafe_offset({b_at}).unsafe_load"
-                                  f"[width={width}]()")
+                        b_at = operand(rs, rf, rb, rc, idx, cidx, [*idx_r, j])
+                        self.emit(f"{acc} += {a} * {rhs.load(b_at, width)}")
 
                     self.nest(contract, inner)
-                    o_at = add_offsets(index_expr([*idx, j], out_st), out.offset)
-                    self.emit(f"{out.ptr}.unsafe_offset({o_at}).unsafe_store({acc})")
+                    self.emit(out.store(index_expr([*idx, j], out_st), acc))
                 with self.block(f"for {j} in range({n - n % width}, {n}):"):
                     self.scalar_dot(out, lhs, rhs, [*idx, j], contract, operand, load,
                                     (ls, lf, lb, lc, idx_l), (rs, rf, rb, rc, [*idx_r, j]))
@@ -489,10 +478,9 @@ class Emitter:
             vec, c = self.fresh("v"), self.fresh("c")
             self.emit(f"var {vec} = SIMD[{mojo_dtype(out.dtype)}, {width}](0)")
             with self.block(f"for {c} in range(0, {n - n % width}, {width}):"):
-                a = add_offsets(operand(*left[:4], idx, [c], left[4]), lhs.offset)
-                b = add_offsets(operand(*right[:4], idx, [c], right[4]), rhs.offset)
-                self.emit(f"{vec} += {lhs.ptr}.unsafe_offset({a}).unsafe_load[width={width}]() "
-                          f"* {rhs.ptr}.unsafe_offset({b}).unsafe_load[width={width}]()")
+                a = operand(*left[:4], idx, [c], left[4])
+                b = operand(*right[:4], idx, [c], right[4])
+                self.emit(f"{vec} += {lhs.load(a, width)} * {rhs.load(b, width)}")
             self.emit(f"{acc} = {vec}.reduce_add()")
             with self.block(f"for {c} in range({n - n % width}, {n}):"):
                 a = lhs.at(operand(*left[:4], idx, [c], left[4]))

@@ -75,6 +75,14 @@ class Array:
     def at(self, index: str) -> str:
         return f"{self.ptr}[unsafe_offset={add_offsets(self.offset, index) or '0'}]"
 
+    def load(self, index: str, width: int) -> str:
+        """The SIMD vector of `width` elements starting at `index`."""
+        return f"{self.ptr}.unsafe_offset({add_offsets(self.offset, index)}).unsafe_load[width={width}]()"
+
+    def store(self, index: str, value: str) -> str:
+        """The statement writing the SIMD vector `value` from `index` on."""
+        return f"{self.ptr}.unsafe_offset({add_offsets(self.offset, index)}).unsafe_store({value})"
+
     def row(self, index: str) -> Array:
         """Row `index` (an expression) of the leading axis."""
         row = math.prod(self.shape[1:])
@@ -160,6 +168,8 @@ def binary_expression(prim):
         P.add_p: lambda dt, a, b: f"{a} + {b}",
         P.sub_p: lambda dt, a, b: f"{a} - {b}",
         P.mul_p: lambda dt, a, b: f"{a} * {b}",
+        P.div_p: lambda dt, a, b: f"{a} / {b}",  # floats only (FLOAT_DIV)
+        P.add_jaxvals_p: lambda dt, a, b: f"{a} + {b}",
         P.max_p: lambda dt, a, b: f"max_nan({a}, {b})",
         P.min_p: lambda dt, a, b: f"min_nan({a}, {b})",
         P.and_p: lambda dt, a, b: f"{a} & {b}",
