@@ -19,12 +19,12 @@ blas_rules = pytest.importorskip("juju_kernels_mojo.blas_rules")
 @pytest.fixture
 def blas(monkeypatch):
     monkeypatch.setenv("JUJU_BLAS", "1")
-    blas_rules.blas_library.cache_clear()
-    if blas_rules.blas_library() is None:
+    blas_rules.cblas.cache_clear()
+    if blas_rules.cblas() is None:
         pytest.skip("no OpenBLAS from numpy's or scipy's wheel on this machine")
     yield
     monkeypatch.undo()
-    blas_rules.blas_library.cache_clear()
+    blas_rules.cblas.cache_clear()
 
 
 def products(a, b, c, d, e, g, big, wide, stack, x64, y64, rows):
@@ -71,10 +71,10 @@ def test_blas_products_match_jax(blas):
 
 def test_off_by_default(monkeypatch):
     monkeypatch.delenv("JUJU_BLAS", raising=False)
-    blas_rules.blas_library.cache_clear()
+    blas_rules.cblas.cache_clear()
     try:
         text = juju.jit(lambda a, b: a @ b).lower(np.ones((4, 3), np.float32),
                                                   np.ones((3, 2), np.float32)).as_text()
     finally:
-        blas_rules.blas_library.cache_clear()
+        blas_rules.cblas.cache_clear()
     assert "juju_gemm" not in text

@@ -80,7 +80,7 @@ def _private_copy(path: str) -> str:
 
 
 @functools.cache
-def blas_library() -> BlasLibrary | None:
+def cblas() -> BlasLibrary | None:
     """The BLAS `juju_gemm` calls, or None (not asked for with `JUJU_BLAS=1`,
     or no such library)."""
     if os.environ.get("JUJU_BLAS", "0").lower() not in ("1", "on", "true", "yes"):
@@ -122,7 +122,7 @@ def cpu_blas(ctx) -> bool:
     dtypes = {np.dtype(a.dtype) for a in (*ctx.avals_in, ctx.aval_out)}
     return (ctx.device.is_cpu() and len(dtypes) == 1 and dtypes <= set(REAL)
             and all(d > 0 for a in ctx.avals_in for d in a.shape)
-            and blas_library() is not None)
+            and cblas() is not None)
 
 
 def _as_matrices(x, shape, batch, contract, free_first):
@@ -163,7 +163,7 @@ def lower_dot_general(ctx, lhs, rhs, *, dimension_numbers, precision=None,
 
 def _gemm(ctx, a, b, transpose_a, transpose_b, shape):
     """`juju_gemm` of rank-3 a and b into `shape` ([B, M, N])."""
-    library = blas_library()
+    library = cblas()
     dtype = ctx.aval_out.dtype
     (product,) = call_kernel(
         ctx, "juju_gemm", a, b,
@@ -184,7 +184,7 @@ def leading_float32_sum(ctx) -> bool:
     axes = tuple(ctx.params["axes"])
     return (ctx.device.is_cpu() and np.dtype(aval.dtype) == np.float32
             and 0 < len(axes) < len(aval.shape) and axes == tuple(range(len(axes)))
-            and all(d > 0 for d in aval.shape) and blas_library() is not None)
+            and all(d > 0 for d in aval.shape) and cblas() is not None)
 
 
 @rules.register(P.reduce_sum_p, priority=juju.Priority.KERNEL, guard=leading_float32_sum,
