@@ -72,6 +72,8 @@ def triangular_solves(t, b):
 def lu_cases(square, singular, wide, ties, large):
     return {
         "large": lax.linalg.lu(large),  # one matrix: many panels and trailing updates
+        "large_wide": lax.linalg.lu(large[:70]),  # blocks that end mid-row / mid-column
+        "large_tall": lax.linalg.lu(large[:, :70]),
         "square": lax.linalg.lu(square),
         "singular": lax.linalg.lu(singular),
         "wide": lax.linalg.lu(wide),

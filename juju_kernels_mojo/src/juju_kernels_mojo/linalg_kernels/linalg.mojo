@@ -277,68 +277,165 @@ struct TriangularSolve[lower: Bool, unit_diagonal: Bool]:
             parallelize(one, batch * blocks)
 
 
-# Row i of getrf's trailing matrix, columns [c0, n): subtract
-# L(i, j0 + q) U(j0 + q, :) for q < qs, one q after the other (the order an
-# unblocked right-looking getrf subtracts them in, so blocking does not
-# change a bit), with each row piece held in registers for all qs updates.
+# Row i of getrf's trailing matrix, columns [c0, c1) (rows `ld` apart):
+# subtract L(i, j0 + q) U(j0 + q, :) for q < qs, one q after the other (the
+# order an unblocked right-looking getrf subtracts them in, so blocking does
+# not change a bit), with each row piece held in registers for all qs updates.
 @always_inline
 def _lu_update_row[
     dtype: DType, W: Int
-](a: Pointer[Scalar[dtype], MutAnyOrigin], i: Int, j0: Int, qs: Int, c0: Int, n: Int):
-    var l = a.unsafe_offset(i * n + j0)
-    var u = a.unsafe_offset(j0 * n)
+](a: Pointer[Scalar[dtype], MutAnyOrigin], i: Int, j0: Int, qs: Int, c0: Int, c1: Int, ld: Int):
+    var l = a.unsafe_offset(i * ld + j0)
+    var u = a.unsafe_offset(j0 * ld)
     var c = c0
-    while c + 2 * W <= n:
-        subtract_product[dtype, W, 1, 2](a.unsafe_offset(i * n + c), n, l, n, u.unsafe_offset(c), n, qs)
+    while c + 2 * W <= c1:
+        subtract_product[dtype, W, 1, 2](a.unsafe_offset(i * ld + c), ld, l, ld, u.unsafe_offset(c), ld, qs)
         c += 2 * W
-    if c + W <= n:
-        subtract_product[dtype, W, 1, 1](a.unsafe_offset(i * n + c), n, l, n, u.unsafe_offset(c), n, qs)
+    if c + W <= c1:
+        subtract_product[dtype, W, 1, 1](a.unsafe_offset(i * ld + c), ld, l, ld, u.unsafe_offset(c), ld, qs)
         c += W
-    while c < n:
-        var v = a[unsafe_offset=i * n + c]
+    while c < c1:
+        var v = a[unsafe_offset=i * ld + c]
         for q in range(qs):
-            v = v - l[unsafe_offset=q] * u[unsafe_offset=q * n + c]
-        a[unsafe_offset=i * n + c] = v
+            v = v - l[unsafe_offset=q] * u[unsafe_offset=q * ld + c]
+        a[unsafe_offset=i * ld + c] = v
         c += 1
 
 
-# Rows [i0, i1) of getrf's trailing matrix, columns [c0, n): the panel's
+# Rows [i0, i1) of getrf's trailing matrix, columns [c0, c1): the panel's
 # rows take the multipliers left of their diagonal only (qs = i - j0).
 @always_inline
 def _lu_update_rows[
     dtype: DType, W: Int
-](a: Pointer[Scalar[dtype], MutAnyOrigin], i0: Int, i1: Int, j0: Int, jb: Int, c0: Int, n: Int):
+](a: Pointer[Scalar[dtype], MutAnyOrigin], i0: Int, i1: Int, j0: Int, jb: Int, c0: Int, c1: Int, ld: Int):
     var i = i0
     while i < i1 and i - j0 < jb:
-        _lu_update_row[dtype, W](a, i, j0, i - j0, c0, n)
+        _lu_update_row[dtype, W](a, i, j0, i - j0, c0, c1, ld)
         i += 1
     while i + 4 <= i1:
         var c = c0
         # 4 rows at once: every piece of U's rows loaded serves the 4.
-        var l = a.unsafe_offset(i * n + j0)
-        while c + 4 * W <= n:
-            subtract_product[dtype, W, 4, 4](a.unsafe_offset(i * n + c), n, l, n, a.unsafe_offset(j0 * n + c), n, jb)
+        var l = a.unsafe_offset(i * ld + j0)
+        while c + 4 * W <= c1:
+            subtract_product[dtype, W, 4, 4](a.unsafe_offset(i * ld + c), ld, l, ld, a.unsafe_offset(j0 * ld + c), ld, jb)
             c += 4 * W
-        while c + W <= n:
-            subtract_product[dtype, W, 4, 1](a.unsafe_offset(i * n + c), n, l, n, a.unsafe_offset(j0 * n + c), n, jb)
+        while c + W <= c1:
+            subtract_product[dtype, W, 4, 1](a.unsafe_offset(i * ld + c), ld, l, ld, a.unsafe_offset(j0 * ld + c), ld, jb)
             c += W
-        if c < n:
+        if c < c1:
             for r in range(4):
-                _lu_update_row[dtype, W](a, i + r, j0, jb, c, n)
+                _lu_update_row[dtype, W](a, i + r, j0, jb, c, c1, ld)
         i += 4
     while i < i1:
-        _lu_update_row[dtype, W](a, i, j0, jb, c0, n)
+        _lu_update_row[dtype, W](a, i, j0, jb, c0, c1, ld)
         i += 1
+
+
+# x[:count] -= y[:count] * s, in SIMD vectors then one at a time (the
+# arithmetic of the scalar loop, so the same bits).
+@always_inline
+def _subtract_scaled[
+    dtype: DType, W: Int
+](x: Pointer[Scalar[dtype], MutAnyOrigin], y: Pointer[Scalar[dtype], MutAnyOrigin], count: Int, s: Scalar[dtype]):
+    var i = 0
+    while i + W <= count:
+        x.unsafe_offset(i).unsafe_store(x.unsafe_offset(i).unsafe_load[width=W]() - y.unsafe_offset(i).unsafe_load[width=W]() * s)
+        i += W
+    while i < count:
+        x[unsafe_offset=i] = x[unsafe_offset=i] - y[unsafe_offset=i] * s
+        i += 1
+
+
+@always_inline
+def _swap_range[
+    dtype: DType
+](x: Pointer[Scalar[dtype], MutAnyOrigin], y: Pointer[Scalar[dtype], MutAnyOrigin], c0: Int, c1: Int):
+    for c in range(c0, c1):
+        var tmp = x[unsafe_offset=c]
+        x[unsafe_offset=c] = y[unsafe_offset=c]
+        y[unsafe_offset=c] = tmp
+
+
+# Getrf's unblocked steps for columns [j0, j1), rows [j0, m), worked in
+# `panel`, a column-major copy of that piece (column c at c * (m - j0)):
+# a column of the row-major matrix is one element per cache line, and
+# the pivot search, scaling and updates ran three strided passes per column
+# (10 of lu 1024's 20 ms). Pivot rows swap in `a` outside the panel's
+# columns and in `panel` within them; the panel goes back at the end.
+@always_inline
+def _lu_panel[
+    dtype: DType, W: Int
+](
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    piv: Pointer[Int32, MutAnyOrigin],
+    perm: Pointer[Int32, MutAnyOrigin],
+    panel: Pointer[Scalar[dtype], MutAnyOrigin],
+    j0: Int,
+    j1: Int,
+    m: Int,
+    n: Int,
+    smallest_normal: Scalar[dtype],
+):
+    var rows = m - j0
+    var width = j1 - j0
+    for i in range(rows):
+        for c in range(width):
+            panel[unsafe_offset=c * rows + i] = a[unsafe_offset=(j0 + i) * n + j0 + c]
+    for k in range(width):  # column j0 + k; its diagonal is the panel's row k
+        var column = panel.unsafe_offset(k * rows)
+        # idamax: the first row of largest magnitude (NaN never wins).
+        var p = k
+        var best = abs(column[unsafe_offset=k])
+        for i in range(k + 1, rows):
+            var v = abs(column[unsafe_offset=i])
+            if v > best:
+                best = v
+                p = i
+        piv[unsafe_offset=j0 + k] = Int32(j0 + p)
+        if p != k:
+            for c in range(width):
+                var tmp = panel[unsafe_offset=c * rows + k]
+                panel[unsafe_offset=c * rows + k] = panel[unsafe_offset=c * rows + p]
+                panel[unsafe_offset=c * rows + p] = tmp
+            var row_k = a.unsafe_offset((j0 + k) * n)
+            var row_p = a.unsafe_offset((j0 + p) * n)
+            _swap_range[dtype](row_k, row_p, 0, j0)  # the panel's own columns swapped above
+            _swap_range[dtype](row_k, row_p, j1, n)
+            var tp = perm[unsafe_offset=j0 + k]
+            perm[unsafe_offset=j0 + k] = perm[unsafe_offset=j0 + p]
+            perm[unsafe_offset=j0 + p] = tp
+        var below = column.unsafe_offset(k + 1)
+        var count = rows - k - 1
+        var d = column[unsafe_offset=k]
+        if d != 0:
+            if abs(d) >= smallest_normal:
+                var inv = 1 / d
+                for i in range(count):
+                    below[unsafe_offset=i] = below[unsafe_offset=i] * inv
+            else:
+                for i in range(count):
+                    below[unsafe_offset=i] = below[unsafe_offset=i] / d
+        # The rest of the panel's columns now; the columns right of the
+        # panel wait for its last column.
+        for c in range(k + 1, width):
+            var target = panel.unsafe_offset(c * rows)
+            _subtract_scaled[dtype, W](target.unsafe_offset(k + 1), below, count, target[unsafe_offset=k])
+    for i in range(rows):
+        for c in range(width):
+            a[unsafe_offset=(j0 + i) * n + j0 + c] = panel[unsafe_offset=c * rows + i]
 
 
 @register("juju_lu")
 struct LU:
     """Getrf: L (unit diagonal, below) and U in one matrix [batch, m, n], the
     0-based pivot rows [batch, min(m, n)] and the permutation [batch, m]
-    (int32) that jax derives from them. Blocked by PANEL columns: a panel is
-    factorized unblocked, then U's rows right of it, then one pass over the
-    trailing matrix takes the panel's PANEL updates at once; the matrices of
-    a batch in parallel."""
+    (int32) that jax derives from them. Blocked twice: a block of LU_BLOCK
+    columns is factorized by panels of PANEL columns (each unblocked, in a
+    column-major copy, _lu_panel), each panel updating the block's columns
+    only; then U's rows right of the block, then one pass over the trailing
+    matrix takes the block's LU_BLOCK updates at once. Every element still
+    subtracts its terms in an unblocked getrf's order. The matrices of a
+    batch in parallel."""
 
     @staticmethod
     def execute[
@@ -356,7 +453,8 @@ struct LU:
             "juju_lu: unsupported dtype " + String(dtype)
         )
         comptime W = 16 if dtype == DType.float32 else 8
-        comptime PANEL = 8
+        comptime PANEL = 16
+        comptime LU_BLOCK = 64
         var batch = Int(x.dim_size(0))
         var m = Int(x.dim_size(1))
         var n = Int(x.dim_size(2))
@@ -368,55 +466,31 @@ struct LU:
             var a = lu.unsafe_ptr().unsafe_offset(b * m * n)
             var piv = pivots.unsafe_ptr().unsafe_offset(b * r)
             var perm = permutation.unsafe_ptr().unsafe_offset(b * m)
+            var panel_list = List[Scalar[dtype]](length=m * PANEL, fill=0)
+            var panel = panel_list.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
             for i in range(m):
                 perm[unsafe_offset=i] = Int32(i)
                 for j in range(n):
                     a[unsafe_offset=i * n + j] = x[b, i, j]
-            for j0 in range(0, r, PANEL):
-                var jb = min(PANEL, r - j0)
-                var c_end = j0 + jb  # the panel's columns: [j0, c_end)
-                for j in range(j0, c_end):
-                    # idamax: the first row of largest magnitude (NaN never wins).
-                    var p = j
-                    var best = abs(a[unsafe_offset=j * n + j])
-                    for i in range(j + 1, m):
-                        var v = abs(a[unsafe_offset=i * n + j])
-                        if v > best:
-                            best = v
-                            p = i
-                    piv[unsafe_offset=j] = Int32(p)
-                    if p != j:
-                        for c in range(n):
-                            var tmp = a[unsafe_offset=j * n + c]
-                            a[unsafe_offset=j * n + c] = a[unsafe_offset=p * n + c]
-                            a[unsafe_offset=p * n + c] = tmp
-                        var tp = perm[unsafe_offset=j]
-                        perm[unsafe_offset=j] = perm[unsafe_offset=p]
-                        perm[unsafe_offset=p] = tp
-                    var d = a[unsafe_offset=j * n + j]
-                    if d != 0:
-                        if abs(d) >= smallest_normal:
-                            var inv = 1 / d
-                            for i in range(j + 1, m):
-                                a[unsafe_offset=i * n + j] = a[unsafe_offset=i * n + j] * inv
-                        else:
-                            for i in range(j + 1, m):
-                                a[unsafe_offset=i * n + j] = a[unsafe_offset=i * n + j] / d
-                    # The rest of the panel's columns now; the columns right
-                    # of the panel wait for its last column.
-                    for i in range(j + 1, m):
-                        var l = a[unsafe_offset=i * n + j]
-                        for c in range(j + 1, c_end):
-                            a[unsafe_offset=i * n + c] = a[unsafe_offset=i * n + c] - l * a[unsafe_offset=j * n + c]
-                if c_end >= n:
-                    continue
-                # U's rows of the panel, right of it; then the trailing rows.
-                _lu_update_rows[dtype, W](a, j0 + 1, c_end, j0, jb, c_end, n)
-                _lu_update_rows[dtype, W](a, c_end, m, j0, jb, c_end, n)
+            for block0 in range(0, r, LU_BLOCK):
+                var block1 = min(block0 + LU_BLOCK, r)
+                for j0 in range(block0, block1, PANEL):
+                    var j1 = min(j0 + PANEL, block1)
+                    _lu_panel[dtype, W](a, piv, perm, panel, j0, j1, m, n, smallest_normal)
+                    if j1 < block1:  # the panel's updates, in the block's columns
+                        _lu_update_rows[dtype, W](a, j0 + 1, j1, j0, j1 - j0, j1, block1, n)
+                        _lu_update_rows[dtype, W](a, j1, m, j0, j1 - j0, j1, block1, n)
+                if block1 < n:
+                    # U's rows of the block, right of it; then the trailing
+                    # matrix takes the block's updates in one pass.
+                    _lu_update_rows[dtype, W](a, block0 + 1, block1, block0, block1 - block0, block1, n, n)
+                    _lu_update_rows[dtype, W](a, block1, m, block0, block1 - block0, block1, n, n)
+            _ = len(panel_list)  # alive until here
 
         # One matrix: on this thread. Its trailing updates in parallel tasks
-        # (rows of 32) made the bench's lu_factor 1024 32.4 ms, against
-        # 21.9 ms on one thread (see _cholesky).
+        # made lu_factor 1024 slower: 32.4 ms against 21.9 (rows of 32, a
+        # launch per panel of 8), 13.9 ms against 9.3-11.9 (two tasks per
+        # block of 64): waking MAX's workers costs more than they save.
         if batch == 1:
             factor(0)
         else:
