@@ -8,7 +8,7 @@ from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
 from max.algorithm import parallelize, sync_parallelize
 from std.utils import StaticTuple
-from std.math import copysign, isnan, sqrt
+from std.math import copysign, iota, isnan, sqrt
 
 from .blocks import subtract_product
 
@@ -69,9 +69,23 @@ def _apply_reflector[
             var row = a.unsafe_offset(i * n + c)
             row.unsafe_store(row.unsafe_load[width=W]() - s * w)
         c += W
-    # The last columns (fewer than W): still a row piece at a time.
+    # The last columns (fewer than W): one vector ending at column c1, whose
+    # first W - rest lanes (done above, or left of c0) keep their values.
+    # (Element by element, these tails were most of qr 64's time.)
     var rest = c1 - c
-    if rest > 0:
+    if rest > 0 and c1 >= W:
+        var start = a.unsafe_offset(c1 - W)
+        var fresh = iota[DType.int32, W]().ge(Int32(W - rest))
+        var w = SIMD[dtype, W](0)
+        for i in range(j, m):
+            var vi = Scalar[dtype](1) if i == j else v[unsafe_offset=i * n]
+            w += vi * start.unsafe_offset(i * n).unsafe_load[width=W]()
+        for i in range(j, m):
+            var s = tau * (Scalar[dtype](1) if i == j else v[unsafe_offset=i * n])
+            var row = start.unsafe_offset(i * n)
+            var old = row.unsafe_load[width=W]()
+            row.unsafe_store(fresh.select(old - s * w, old))
+    elif rest > 0:  # a matrix narrower than a vector
         var w = SIMD[dtype, W](0)
         for i in range(j, m):
             var vi = Scalar[dtype](1) if i == j else v[unsafe_offset=i * n]
