@@ -157,11 +157,12 @@ struct Cholesky:
 
 
 # Rows of steps [s0, s0 + R) of a left-side trsm (step s is row s, or row
-# m - 1 - s for an upper triangle), columns [c, c + CV*W) of X (m x k, the
-# right-hand sides on entry): R rows times CV vectors stay in registers while
-# every finished row is subtracted, so each finished row piece loaded serves
-# R rows. Row i subtracts T(i, p) X(p) in the order reference trsm does (p by
-# step), whatever R is: the same bits as one row at a time.
+# m - 1 - s for an upper triangle), columns [c, c + CV*W) of X (m rows `ld`
+# apart, the right-hand sides on entry): R rows times CV vectors stay in
+# registers while every finished row is subtracted, so each finished row
+# piece loaded serves R rows. Row i subtracts T(i, p) X(p) in the order
+# reference trsm does (p by step), whatever R is: the same bits as one row at
+# a time.
 @always_inline
 def _trsm_rows[
     dtype: DType, W: Int, R: Int, CV: Int, lower: Bool, unit_diagonal: Bool
@@ -169,7 +170,7 @@ def _trsm_rows[
     t: Pointer[Scalar[dtype], ImmutAnyOrigin],
     xs: Pointer[Scalar[dtype], MutAnyOrigin],
     m: Int,
-    k: Int,
+    ld: Int,
     s0: Int,
     c: Int,
 ):
@@ -179,10 +180,10 @@ def _trsm_rows[
     var acc = StaticTuple[SIMD[dtype, W], R * CV](fill=SIMD[dtype, W](0))
     comptime for r in range(R):
         comptime for u in range(CV):
-            acc[r * CV + u] = xs.unsafe_offset(rows[r] * k + c + u * W).unsafe_load[width=W]()
+            acc[r * CV + u] = xs.unsafe_offset(rows[r] * ld + c + u * W).unsafe_load[width=W]()
     for q in range(s0):
         var p = q if lower else m - 1 - q
-        var xp = xs.unsafe_offset(p * k + c)
+        var xp = xs.unsafe_offset(p * ld + c)
         comptime for u in range(CV):
             var y = xp.unsafe_offset(u * W).unsafe_load[width=W]()
             comptime for r in range(R):
@@ -199,7 +200,7 @@ def _trsm_rows[
                 acc[r * CV + u] = acc[r * CV + u] / d
     comptime for r in range(R):
         comptime for u in range(CV):
-            xs.unsafe_offset(rows[r] * k + c + u * W).unsafe_store(acc[r * CV + u])
+            xs.unsafe_offset(rows[r] * ld + c + u * W).unsafe_store(acc[r * CV + u])
 
 
 @register("juju_triangular_solve")
