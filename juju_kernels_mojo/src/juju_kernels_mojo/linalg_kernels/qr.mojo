@@ -16,6 +16,36 @@ comptime PANEL = 32  # reflectors per block (LAPACK's nb)
 comptime COLUMNS_PER_TASK = 128
 
 
+# One SIMD vector of columns [c, c + W) of _apply_reflector's rows [j, m):
+# w = v^T A, then A -= tau v w^T; `masked`: only the lanes where `fresh` is
+# true change.
+@always_inline
+def _reflect_vector[
+    dtype: DType, W: Int, masked: Bool
+](
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    v: Pointer[Scalar[dtype], ImmutAnyOrigin],
+    tau: Scalar[dtype],
+    j: Int,
+    c: Int,
+    m: Int,
+    n: Int,
+    fresh: SIMD[DType.bool, W],
+):
+    var w = SIMD[dtype, W](0)
+    for i in range(j, m):
+        var vi = Scalar[dtype](1) if i == j else v[unsafe_offset=i * n]
+        w += vi * a.unsafe_offset(i * n + c).unsafe_load[width=W]()
+    for i in range(j, m):
+        var s = tau * (Scalar[dtype](1) if i == j else v[unsafe_offset=i * n])
+        var row = a.unsafe_offset(i * n + c)
+        var old = row.unsafe_load[width=W]()
+        comptime if masked:
+            row.unsafe_store(fresh.select(old - s * w, old))
+        else:
+            row.unsafe_store(old - s * w)
+
+
 # H = I - tau v v^T (v[j] = 1, v below the diagonal stored in column j)
 # applied from the left to the columns [c0, c1) of rows [j, m) of a row-major
 # matrix with n columns: w = v^T A, then A -= tau v w^T, in blocks of 4 SIMD
@@ -60,31 +90,15 @@ def _apply_reflector[
             )
         c += B
     while c + W <= c1:
-        var w = SIMD[dtype, W](0)
-        for i in range(j, m):
-            var vi = Scalar[dtype](1) if i == j else v[unsafe_offset=i * n]
-            w += vi * a.unsafe_offset(i * n + c).unsafe_load[width=W]()
-        for i in range(j, m):
-            var s = tau * (Scalar[dtype](1) if i == j else v[unsafe_offset=i * n])
-            var row = a.unsafe_offset(i * n + c)
-            row.unsafe_store(row.unsafe_load[width=W]() - s * w)
+        _reflect_vector[dtype, W, False](a, v, tau, j, c, m, n, SIMD[DType.bool, W](fill=True))
         c += W
     # The last columns (fewer than W): one vector ending at column c1, whose
     # first W - rest lanes (done above, or left of c0) keep their values.
     # (Element by element, these tails were most of qr 64's time.)
     var rest = c1 - c
     if rest > 0 and c1 >= W:
-        var start = a.unsafe_offset(c1 - W)
         var fresh = iota[DType.int32, W]().ge(Int32(W - rest))
-        var w = SIMD[dtype, W](0)
-        for i in range(j, m):
-            var vi = Scalar[dtype](1) if i == j else v[unsafe_offset=i * n]
-            w += vi * start.unsafe_offset(i * n).unsafe_load[width=W]()
-        for i in range(j, m):
-            var s = tau * (Scalar[dtype](1) if i == j else v[unsafe_offset=i * n])
-            var row = start.unsafe_offset(i * n)
-            var old = row.unsafe_load[width=W]()
-            row.unsafe_store(fresh.select(old - s * w, old))
+        _reflect_vector[dtype, W, True](a, v, tau, j, c1 - W, m, n, fresh)
     elif rest > 0:  # a matrix narrower than a vector
         var w = SIMD[dtype, W](0)
         for i in range(j, m):
