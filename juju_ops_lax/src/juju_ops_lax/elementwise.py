@@ -21,7 +21,7 @@ from juju import ALL_DTYPES, RuleSet, lower_fun
 from juju import primitives as P
 from juju._compat import jax_impls
 from juju.primitives import log2_p, one_minus_square_p, polynomial_p
-from juju_ops_lax import nan
+from juju_ops_lax import nan, trigonometry
 from juju_ops_lax._util import (
     broadcast_to, is_bool, is_constant, is_float, is_signed_int, is_unsigned_int, scalar,
     sign_bit,
@@ -82,8 +82,8 @@ rules.elementwise(
             P.log1p_p: ops.log1p,
             P.sqrt_p: ops.sqrt,
             P.rsqrt_p: ops.rsqrt,
-            P.sin_p: ops.sin,
-            P.cos_p: ops.cos,
+            P.sin_p: trigonometry.sin,
+            P.cos_p: trigonometry.cos,
             P.tanh_p: nan.passthrough(ops.tanh),
             P.logistic_p: nan.passthrough(ops.sigmoid),
             P.erf_p: ops.erf,
@@ -374,7 +374,7 @@ def lower_is_finite(ctx, x):
 
 @rules.register(P.tan_p)
 def lower_tan(ctx, x, *, accuracy=None):
-    return ops.div(ops.sin(x), ops.cos(x))
+    return ops.div(trigonometry.sin(x), trigonometry.cos(x))
 
 
 @rules.register(P.expm1_p)
