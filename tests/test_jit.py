@@ -144,6 +144,20 @@ def test_coerces_to_jnp_returns_jax_arrays():
     assert_same(mixed_jit(ints, 2), jax.jit(mixed)(ints, 2))
 
 
+def test_coerced_outputs_of_every_size_and_dtype():
+    # small outputs reach jax in one call of a jitted identity, large ones
+    # through DLPack (juju.jit._to_jax_all)
+    def outputs(x):
+        return (x[:3] * 2, x > 0, x[:5].astype(jnp.bfloat16), jnp.tile(x, 3000),
+                x.astype(jnp.float64) / 3, jnp.arange(4, dtype=jnp.int64), x[0])
+
+    x = rng.normal(size=8)
+    with jax.enable_x64(True):
+        got = juju.jit(outputs, coerces_to_jnp=True)(x)
+        assert all(isinstance(o, jax.Array) for o in got)
+        assert_same(got, jax.jit(outputs)(x))
+
+
 def test_inputs_numpy_jax_scalars_and_buffers_share_one_compile():
     before = (chain_jit.trace_count, chain_jit.compile_count)
     expected = jax.jit(chain)(M, M)
