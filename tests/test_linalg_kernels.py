@@ -50,7 +50,13 @@ def factorizations(a, not_pd, nan_lower, nan_upper, large):
         # one large matrix: several panels, a partial last one
         "large": lax.linalg.cholesky(large, symmetrize_input=False),
         "cholesky": lax.linalg.cholesky(a, symmetrize_input=False),
+        # jnp.linalg.cholesky and cho_factor fold their wrappers into the kernel
         "symmetrized": jnp.linalg.cholesky(a),
+        "symmetrized_by_hand": jnp.tril(lax.linalg.cholesky(
+            (a + jnp.swapaxes(a, -1, -2)) / 2, symmetrize_input=False)),
+        "symmetrized_fails": jnp.linalg.cholesky(bad),
+        "symmetrized_nan_upper": jnp.linalg.cholesky(nan_upper),
+        "cho_factor": jsp.linalg.cho_factor(nan_upper, lower=True)[0],
         "one_fails": lax.linalg.cholesky(bad, symmetrize_input=False),
         "nan_lower": lax.linalg.cholesky(nan_lower, symmetrize_input=False),
         # potrf reads the lower triangle only
@@ -230,6 +236,21 @@ def test_matches_jax(compiled, rules, name, dtype):
     if "large" in expected:
         assert_same(got.pop("large"), expected.pop("large"), **_large_tolerance(dtype))
     assert_same(got, expected, **_tolerance(dtype))
+
+
+def test_jnp_cholesky_is_one_kernel(compiled):
+    """jnp.linalg.cholesky's symmetrization and upper-triangle mask, and
+    cho_factor's mask, run inside juju_cholesky: one MAX op, the same bits
+    as the wrappers lowered as written."""
+    a = spd(2)
+    for fn in (jnp.linalg.cholesky, lambda m: jsp.linalg.cho_factor(m, lower=True)[0]):
+        text = juju.jit(fn).lower(a).as_text()
+        assert text.count("mo.custom") == 1 and "select" not in text, text
+    if ("mojo", "factorizations", "float32") in compiled:
+        fn, args = CASES["factorizations", "float32"]
+        got = compiled["mojo", "factorizations", "float32"](*args)
+        np.testing.assert_array_equal(juju.to_numpy(got["symmetrized"]),
+                                      juju.to_numpy(got["symmetrized_by_hand"]))
 
 
 def test_kernels_lower_the_factorizations():

@@ -22,6 +22,7 @@ from max.graph import ops
 
 import juju
 from juju import primitives as P
+from juju._compat import Literal, open_jaxpr
 from juju.primitives import geqrf_p
 from juju_kernels_mojo import LINALG_LIBRARY
 from juju_kernels_mojo.lowering import call_kernel
@@ -41,20 +42,131 @@ def _batched(shape) -> tuple[int, int, int]:
     return (math.prod(shape[:-2]), *shape[-2:])
 
 
-def _register(primitive):
-    return rules.register(primitive, priority=juju.Priority.KERNEL, guard=cpu_real,
+def _register(primitive, guard=cpu_real):
+    return rules.register(primitive, priority=juju.Priority.KERNEL, guard=guard,
                           requires=(LINALG_LIBRARY,))
 
 
 @_register(P.cholesky_p)
 def lower_cholesky(ctx, x, *, symmetrize_input=False):
+    return _cholesky(ctx, x, symmetrize=symmetrize_input, zero_upper=False)
+
+
+def _cholesky(ctx, x, *, symmetrize: bool, zero_upper: bool):
     (aval,) = ctx.avals_in
-    if symmetrize_input:  # jax versions that symmetrize inside the primitive
-        x = ops.div(ops.add(x, ops.transpose(x, -1, -2)), ctx.constant(2, aval.dtype))
     shape = _batched(aval.shape)
     (out,) = call_kernel(ctx, "juju_cholesky", ops.reshape(x, shape),
+                         parameters={"symmetrize": symmetrize, "zero_upper": zero_upper},
                          out_avals=[ShapeDtypeStruct(shape, aval.dtype)])
     return ops.reshape(out, aval.shape)
+
+
+# --- jnp.linalg.cholesky as one kernel -----------------------------------------
+# jnp.linalg.cholesky is `jit[name=cholesky]` of (x + x^T) / 2, the primitive,
+# and a mask zeroing the upper triangle (cho_factor(lower=True) and
+# jax.scipy.linalg.cholesky(lower=True): `_cholesky`, without the first).
+# Lowered as written, that is three MAX kernels; at n = 64 the two around
+# the factorization cost ~22 us of ~75 (docs/performance.md). A body of
+# exactly that shape becomes one juju_cholesky call; any other body is
+# lowered as written.
+
+
+def _producers(jaxpr) -> dict:
+    return {v: e for e in jaxpr.eqns for v in e.outvars}
+
+
+def _is_literal(atom, value) -> bool:
+    return isinstance(atom, Literal) and getattr(atom.val, "shape", ()) == () and atom.val == value
+
+
+def _iota_along(producers, atom, dimension: int, n: int) -> set | None:
+    """The equations of `iota(dimension)` of shape (n, n), + 0 allowed."""
+    eqn = producers.get(atom)
+    if eqn is not None and eqn.primitive is P.add_p and _is_literal(eqn.invars[1], 0):
+        inner = _iota_along(producers, eqn.invars[0], dimension, n)
+        return None if inner is None else inner | {id(eqn)}
+    if (eqn is None or eqn.primitive is not P.iota_p or eqn.params["dimension"] != dimension
+            or tuple(eqn.params["shape"]) != (n, n)):
+        return None
+    return {id(eqn)}
+
+
+def _lower_triangle_mask(producers, atom, rank: int, n: int) -> set | None:
+    """The equations of tril's mask `iota(0) >= iota(1)`, maybe broadcast."""
+    eqn = producers.get(atom)
+    seen = set()
+    if eqn is not None and eqn.primitive is P.broadcast_in_dim_p:
+        if tuple(eqn.params["broadcast_dimensions"]) != (rank - 2, rank - 1):
+            return None
+        seen.add(id(eqn))
+        eqn = producers.get(eqn.invars[0])
+    if eqn is None or eqn.primitive is not P.ge_p:
+        return None
+    rows = _iota_along(producers, eqn.invars[0], 0, n)
+    cols = _iota_along(producers, eqn.invars[1], 1, n)
+    return None if rows is None or cols is None else seen | rows | cols | {id(eqn)}
+
+
+def _symmetrized(producers, atom, source) -> set | None:
+    """The equations of `(source + source^T) / 2`."""
+    div = producers.get(atom)
+    if div is None or div.primitive is not P.div_p or not _is_literal(div.invars[1], 2):
+        return None
+    add = producers.get(div.invars[0])
+    if add is None or add.primitive is not P.add_p:
+        return None
+    for plain, other in (add.invars, add.invars[::-1]):
+        transpose = producers.get(other)
+        rank = len(source.aval.shape)
+        swap = (*range(rank - 2), rank - 1, rank - 2)
+        if (plain is source and transpose is not None and transpose.primitive is P.transpose_p
+                and transpose.invars[0] is source
+                and tuple(transpose.params["permutation"]) == swap):
+            return {id(div), id(add), id(transpose)}
+    return None
+
+
+def _tril_cholesky(jaxpr) -> bool | None:
+    """Whether a `jit` body is tril(cholesky(x)) that symmetrizes x first
+    (True) or not (False); None for any other body."""
+    jaxpr = open_jaxpr(jaxpr)
+    if len(jaxpr.invars) != 1 or len(jaxpr.outvars) != 1 or jaxpr.constvars:
+        return None
+    (source,), (result,) = jaxpr.invars, jaxpr.outvars
+    rank = len(source.aval.shape)
+    producers = _producers(jaxpr)
+    select = producers.get(result)
+    if select is None or select.primitive is not P.select_n_p or len(select.invars) != 3:
+        return None
+    mask, zeros, factor = select.invars
+    fill = producers.get(zeros)
+    chol = producers.get(factor)
+    if (rank < 2 or fill is None or fill.primitive is not P.broadcast_in_dim_p
+            or not _is_literal(fill.invars[0], 0) or chol is None
+            or chol.primitive is not P.cholesky_p):
+        return None
+    matched = _lower_triangle_mask(producers, mask, rank, source.aval.shape[-1])
+    if matched is None:
+        return None
+    matched |= {id(select), id(fill), id(chol)}
+    symmetrize = bool(chol.params.get("symmetrize_input", False))
+    if chol.invars[0] is not source:
+        prologue = _symmetrized(producers, chol.invars[0], source)
+        if prologue is None or symmetrize:
+            return None
+        matched |= prologue
+        symmetrize = True
+    return symmetrize if len(matched) == len(jaxpr.eqns) else None
+
+
+def _is_tril_cholesky(ctx) -> bool:
+    return (cpu_real(ctx) and ctx.params.get("name") in ("cholesky", "_cholesky")
+            and _tril_cholesky(ctx.params["jaxpr"]) is not None)
+
+
+@_register(P.jit_p, guard=_is_tril_cholesky)
+def lower_jit(ctx, x, *, jaxpr, **_call_params):
+    return [_cholesky(ctx, x, symmetrize=_tril_cholesky(jaxpr), zero_upper=True)]
 
 
 @_register(P.triangular_solve_p)

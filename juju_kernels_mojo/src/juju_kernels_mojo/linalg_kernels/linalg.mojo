@@ -118,10 +118,12 @@ def _cholesky[dtype: DType, W: Int](a: Pointer[Scalar[dtype], MutAnyOrigin], n: 
 
 
 @register("juju_cholesky")
-struct Cholesky:
+struct Cholesky[symmetrize: Bool, zero_upper: Bool]:
     """Potrf, lower: L in the lower triangle, the upper triangle as given;
     every element NaN where a pivot is <= 0 (what jax does with LAPACK's
-    info)."""
+    info). `symmetrize` factorizes (x + x^T) / 2 and `zero_upper` writes 0
+    above the diagonal: what `jnp.linalg.cholesky` wraps around the
+    primitive (linalg_rules.py), done here instead of in two more kernels."""
 
     @staticmethod
     def execute[
@@ -142,12 +144,30 @@ struct Cholesky:
 
         def factor(b: Int) {imm}:
             var a = output.unsafe_ptr().unsafe_offset(b * n * n)
-            for i in range(n):
-                for j in range(n):
-                    a[unsafe_offset=i * n + j] = x[b, i, j]
+            comptime if Self.symmetrize:
+                # jax's (x + x^T) / 2 (the same bits) where potrf reads it, the
+                # lower triangle, in tiles so that x^T's reads stay in cache.
+                comptime T = 16
+                for i0 in range(0, n, T):
+                    for j0 in range(0, i0 + 1, T):
+                        for i in range(i0, min(i0 + T, n)):
+                            for j in range(j0, min(j0 + T, i + 1)):
+                                a[unsafe_offset=i * n + j] = (x[b, i, j] + x[b, j, i]) / 2
+                comptime if not Self.zero_upper:
+                    for i in range(n):
+                        for j in range(i + 1, n):
+                            a[unsafe_offset=i * n + j] = a[unsafe_offset=j * n + i]
+            else:
+                for i in range(n):
+                    for j in range(n):
+                        a[unsafe_offset=i * n + j] = x[b, i, j]
             if not _cholesky[dtype, W](a, n):  # not positive definite
                 for e in range(n * n):
                     a[unsafe_offset=e] = nan[dtype]()
+            comptime if Self.zero_upper:
+                for i in range(n):
+                    for j in range(i + 1, n):
+                        a[unsafe_offset=i * n + j] = 0
 
         # One matrix: on this thread (no worker to wake).
         if batch == 1:
