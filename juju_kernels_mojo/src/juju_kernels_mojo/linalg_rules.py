@@ -165,7 +165,9 @@ def _is_tril_cholesky(ctx) -> bool:
 
 
 @_register(P.jit_p, guard=_is_tril_cholesky)
-def lower_jit(ctx, x, *, jaxpr, **_call_params):
+def lower_jit(ctx, x, *, jaxpr, name, inline, keep_unused, donated_invars, in_shardings,
+              out_shardings, in_layouts, out_layouts, ctx_mesh, compiler_options_kvs):
+    # Shardings, layouts and donation are placement on one device (see core).
     return [_cholesky(ctx, x, symmetrize=_tril_cholesky(jaxpr), zero_upper=True)]
 
 
