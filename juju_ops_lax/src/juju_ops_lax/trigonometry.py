@@ -61,7 +61,7 @@ def _sin_cos(x, libm_op, quarter_turns):
     scaled = ops.trunc(ops.mul(d, f64(_HPI_INV)))
     n = ops.floor(ops.mul(ops.add(scaled, f64(2.0**23)), f64(2.0**-24)))
     r = ops.sub(d, ops.mul(n, f64(_HPI)))
-    quadrant = mod4(ops.add(n, f64(quarter_turns))) if quarter_turns else mod4(n)
+    quadrant = mod4(ops.add(n, f64(quarter_turns)))
 
     r2 = ops.mul(r, r)
     r3 = ops.mul(r, r2)
