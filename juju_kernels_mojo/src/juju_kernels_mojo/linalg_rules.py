@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import math
 
+import juju
 import numpy as np
 from jax import ShapeDtypeStruct
+from juju import primitives as P
+from juju._compat import open_jaxpr
+from juju.patterns import Any, Lit, Match, Matcher, Op, X, is_number
+from juju.primitives import geqrf_p
 from max.graph import ops
 
-import juju
-from juju import primitives as P
-from juju._compat import Literal, open_jaxpr
-from juju.primitives import geqrf_p
 from juju_kernels_mojo import LINALG_LIBRARY
 from juju_kernels_mojo.lowering import call_kernel
 
@@ -71,59 +72,27 @@ def _cholesky(ctx, x, *, symmetrize: bool, zero_upper: bool):
 # lowered as written.
 
 
-def _producers(jaxpr) -> dict:
-    return {v: e for e in jaxpr.eqns for v in e.outvars}
+def _scalar(value):
+    return Lit(lambda v: is_number(v) and float(v) == value)
 
 
-def _is_literal(atom, value) -> bool:
-    return isinstance(atom, Literal) and getattr(atom.val, "shape", ()) == () and atom.val == value
+def _iota(dimension: int, n: int):
+    """`iota(dimension)` of shape (n, n), + 0 allowed."""
+    iota = Op("iota", where=lambda e: (e.params["dimension"] == dimension
+                                       and tuple(e.params["shape"]) == (n, n)))
+    return Any(Op("add", iota, _scalar(0)), iota)
 
 
-def _iota_along(producers, atom, dimension: int, n: int) -> set | None:
-    """The equations of `iota(dimension)` of shape (n, n), + 0 allowed."""
-    eqn = producers.get(atom)
-    if eqn is not None and eqn.primitive is P.add_p and _is_literal(eqn.invars[1], 0):
-        inner = _iota_along(producers, eqn.invars[0], dimension, n)
-        return None if inner is None else inner | {id(eqn)}
-    if (eqn is None or eqn.primitive is not P.iota_p or eqn.params["dimension"] != dimension
-            or tuple(eqn.params["shape"]) != (n, n)):
-        return None
-    return {id(eqn)}
-
-
-def _lower_triangle_mask(producers, atom, rank: int, n: int) -> set | None:
-    """The equations of tril's mask `iota(0) >= iota(1)`, maybe broadcast."""
-    eqn = producers.get(atom)
-    seen = set()
-    if eqn is not None and eqn.primitive is P.broadcast_in_dim_p:
-        if tuple(eqn.params["broadcast_dimensions"]) != (rank - 2, rank - 1):
-            return None
-        seen.add(id(eqn))
-        eqn = producers.get(eqn.invars[0])
-    if eqn is None or eqn.primitive is not P.ge_p:
-        return None
-    rows = _iota_along(producers, eqn.invars[0], 0, n)
-    cols = _iota_along(producers, eqn.invars[1], 1, n)
-    return None if rows is None or cols is None else seen | rows | cols | {id(eqn)}
-
-
-def _symmetrized(producers, atom, source) -> set | None:
-    """The equations of `(source + source^T) / 2`."""
-    div = producers.get(atom)
-    if div is None or div.primitive is not P.div_p or not _is_literal(div.invars[1], 2):
-        return None
-    add = producers.get(div.invars[0])
-    if add is None or add.primitive is not P.add_p:
-        return None
-    for plain, other in (add.invars, add.invars[::-1]):
-        transpose = producers.get(other)
-        rank = len(source.aval.shape)
-        swap = (*range(rank - 2), rank - 1, rank - 2)
-        if (plain is source and transpose is not None and transpose.primitive is P.transpose_p
-                and transpose.invars[0] is source
-                and tuple(transpose.params["permutation"]) == swap):
-            return {id(div), id(add), id(transpose)}
-    return None
+def _tril_cholesky_pattern(rank: int, n: int):
+    """select_n(tril's mask, zeros, cholesky(x or (x + x^T) / 2))."""
+    mask = Op("ge", _iota(0, n), _iota(1, n))
+    mask = Any(Op("broadcast_in_dim", mask, where=lambda e: (
+        tuple(e.params["broadcast_dimensions"]) == (rank - 2, rank - 1))), mask)
+    swap = (*range(rank - 2), rank - 1, rank - 2)
+    transposed = Op("transpose", X("x"), where=lambda e: tuple(e.params["permutation"]) == swap)
+    symmetrized = Op("div", Op("add", X("x"), transposed), _scalar(2), name="symmetrized")
+    factor = Op("cholesky", Any(symmetrized, X("x")), name="cholesky")
+    return Op("select_n", mask, Op("broadcast_in_dim", _scalar(0)), factor)
 
 
 def _tril_cholesky(jaxpr) -> bool | None:
@@ -133,30 +102,16 @@ def _tril_cholesky(jaxpr) -> bool | None:
     if len(jaxpr.invars) != 1 or len(jaxpr.outvars) != 1 or jaxpr.constvars:
         return None
     (source,), (result,) = jaxpr.invars, jaxpr.outvars
-    rank = len(source.aval.shape)
-    producers = _producers(jaxpr)
-    select = producers.get(result)
-    if select is None or select.primitive is not P.select_n_p or len(select.invars) != 3:
+    shape = source.aval.shape
+    if len(shape) < 2:
         return None
-    mask, zeros, factor = select.invars
-    fill = producers.get(zeros)
-    chol = producers.get(factor)
-    if (rank < 2 or fill is None or fill.primitive is not P.broadcast_in_dim_p
-            or not _is_literal(fill.invars[0], 0) or chol is None
-            or chol.primitive is not P.cholesky_p):
+    m = Matcher(jaxpr).match(_tril_cholesky_pattern(len(shape), shape[-1]), result, Match())
+    if m is None or m.binds["x"] is not source or len(m.eqns) != len(jaxpr.eqns):
         return None
-    matched = _lower_triangle_mask(producers, mask, rank, source.aval.shape[-1])
-    if matched is None:
-        return None
-    matched |= {id(select), id(fill), id(chol)}
-    symmetrize = bool(chol.params.get("symmetrize_input", False))
-    if chol.invars[0] is not source:
-        prologue = _symmetrized(producers, chol.invars[0], source)
-        if prologue is None or symmetrize:
-            return None
-        matched |= prologue
-        symmetrize = True
-    return symmetrize if len(matched) == len(jaxpr.eqns) else None
+    by_param = bool(m.binds["cholesky"].params.get("symmetrize_input", False))
+    if "symmetrized" in m.binds:
+        return None if by_param else True
+    return by_param
 
 
 def _is_tril_cholesky(ctx) -> bool:
