@@ -56,6 +56,14 @@ def matmul_reshaped_with_a_transposed_operand(a, b, x, a3, b3, y):
             jnp.einsum("bij,bjk->bik", a3, b3).reshape(4, 6, 4, 5) * y.transpose(0, 3, 2, 1))
 
 
+def two_norm_with_two_consumers(x):
+    # optimistix's two-norm in diffrax's step-size controller: a product
+    # reshaped to rank 0, fused with several consumers, did not compile
+    # (juju_ops_lax._util.reshape_result).
+    r = jnp.sqrt(jnp.dot(x, x, precision=lax.Precision.HIGHEST)) / 1.4142135
+    return r < 1.0, 1.0 / r, jnp.vdot(x, x) * x
+
+
 _rng = np.random.default_rng(5)
 CASES = {
     "broadcast_then_reduce": (broadcast_then_reduce, (np.eye(3, dtype=np.float32),
@@ -75,6 +83,8 @@ CASES = {
         matmul_reshaped_with_a_transposed_operand,
         tuple(_rng.standard_normal(s).astype(np.float32)
               for s in ((4, 10), (10, 75), (4, 5, 5, 3), (4, 6, 10), (4, 10, 20), (4, 5, 4, 6)))),
+    "two_norm_with_two_consumers": (two_norm_with_two_consumers,
+                                    (np.array([3.0, 4.0], np.float32),)),
 }
 JITTED = {name: juju.jit(fn) for name, (fn, _) in CASES.items()}
 

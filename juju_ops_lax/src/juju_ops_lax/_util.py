@@ -127,9 +127,14 @@ def reshape_result(x, shape):
     the gradients of an NCHW CNN (eqx_conv) were wrong
     (tests/test_max_workarounds.py). A cumsum over a unit axis, a copy that
     MAX does not fuse through (as in `sum_to_shape`), keeps the values right.
+    A product reshaped to rank 0 gets the copy too: MAX fails to compile
+    ("could not parse its Mojo generated code") such a result fused into an
+    epilogue with several consumers, as `sum_to_shape` describes for sums;
+    optimistix's two-norm `sqrt(dot(x, x))` in diffrax's step-size control
+    hit it.
     """
     target = max_shape(shape)
-    if _made_by_matmul(x) and _regroups(x.shape, target):
+    if _made_by_matmul(x) and (not target or _regroups(x.shape, target)):
         x = unfused_copy(x)
     return ops.reshape(x, target)
 
