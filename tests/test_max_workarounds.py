@@ -64,6 +64,17 @@ def two_norm_with_two_consumers(x):
     return r < 1.0, 1.0 / r, jnp.vdot(x, x) * x
 
 
+def reductions_to_scalars_with_two_consumers(x, z, xi):
+    # max, min and prod to rank 0 fused with several consumers did not compile
+    # either (juju_ops_lax._util.scalar_copy); -0.0 must keep its sign.
+    outs = []
+    for r in (jnp.max(jnp.abs(x)), -jnp.min(x), jnp.prod(x), jnp.max(xi).astype(jnp.float32),
+              jnp.max(z), jnp.min(z), jnp.prod(z)):
+        s = jnp.sqrt(r) / 1.4142135
+        outs += [s < 1.0, 1.0 / s, r]
+    return outs
+
+
 _rng = np.random.default_rng(5)
 CASES = {
     "broadcast_then_reduce": (broadcast_then_reduce, (np.eye(3, dtype=np.float32),
@@ -85,6 +96,10 @@ CASES = {
               for s in ((4, 10), (10, 75), (4, 5, 5, 3), (4, 6, 10), (4, 10, 20), (4, 5, 4, 6)))),
     "two_norm_with_two_consumers": (two_norm_with_two_consumers,
                                     (np.array([3.0, 4.0], np.float32),)),
+    "reductions_to_scalars_with_two_consumers": (
+        reductions_to_scalars_with_two_consumers,
+        (np.array([3.0, -4.0], np.float32), np.array([-0.0, -0.0], np.float32),
+         np.array([3, 9], np.int32))),
 }
 JITTED = {name: juju.jit(fn) for name, (fn, _) in CASES.items()}
 

@@ -116,6 +116,28 @@ def sum_to_shape(x, shape):
     return ops.reshape(ops.cumsum(ops.reshape(x, [1]), axis=0), [])
 
 
+def scalar_copy(x):
+    """The one element of `x` as a rank-0 value that MAX does not fuse its
+    producer through, every bit kept.
+
+    `sum_to_shape`'s fusion bug also stops max, min and prod reductions to
+    rank 0 with several consumers (sqrt(max(|x|)) compared and divided, as
+    optimistix's norms do); MAX folds a gather of the element away. So the
+    copy is a cumsum too, exact for integers; for floats it adds 0, which
+    turns -0.0 into +0.0, so 1/x (+-inf for +-0) travels beside it and
+    gives a zero its sign back."""
+    one = ops.reshape(x, [1])
+    if not DType.is_float(x.dtype):
+        return ops.reshape(ops.cumsum(one, axis=0), [])
+    reciprocal = ops.div(ops.constant(1.0, x.dtype, device=x.device), one)
+    pair = ops.cumsum(ops.reshape(ops.concat([one, reciprocal], axis=0), [2, 1]), axis=1)
+    value = ops.reshape(ops.slice_tensor(pair, [slice(0, 1), slice(None)]), [])
+    sign = ops.reshape(ops.slice_tensor(pair, [slice(1, 2), slice(None)]), [])
+    zero = ops.constant(0.0, x.dtype, device=x.device)
+    negative_zero = ops.logical_and(ops.equal(value, zero), ops.greater(zero, sign))
+    return ops.where(negative_zero, ops.constant(-0.0, x.dtype, device=x.device), value)
+
+
 def reshape_result(x, shape):
     """`ops.reshape(x, shape)`, through a barrier when `x` is a matmul's result
     and the shape changes.

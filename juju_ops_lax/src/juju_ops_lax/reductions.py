@@ -12,7 +12,9 @@ from max.graph import ops
 from juju import RuleSet, lower_fun
 from juju import primitives as P
 from juju.dtypes import max_shape, static_shape
-from juju_ops_lax._util import is_bool, is_float, reduce_axis, scalar, sum_to_shape, unfused_copy
+from juju_ops_lax._util import (
+    is_bool, is_float, reduce_axis, scalar, scalar_copy, sum_to_shape, unfused_copy,
+)
 
 rules = RuleSet()
 
@@ -48,6 +50,8 @@ def _reduce(op, ctx, x, axes, identity=None):
         shape = merged[:first] + [1] + merged[first + 1:]
     if op is ops.sum:
         return sum_to_shape(x, ctx.aval_out.shape)
+    if not ctx.aval_out.shape:
+        return scalar_copy(x)
     return ops.reshape(x, list(ctx.aval_out.shape))
 
 
