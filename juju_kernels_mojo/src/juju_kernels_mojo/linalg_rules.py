@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import math
 
-import juju
 import numpy as np
 from jax import ShapeDtypeStruct
+from max.graph import ops
+
+import juju
 from juju import primitives as P
 from juju._compat import open_jaxpr
 from juju.patterns import Any, Lit, Match, Matcher, Op, X, is_number
 from juju.primitives import geqrf_p
-from max.graph import ops
-
 from juju_kernels_mojo import LINALG_LIBRARY
 from juju_kernels_mojo.lowering import call_kernel
 

@@ -113,6 +113,11 @@ def sum_to_shape(x, shape):
     operand side by side.)"""
     if list(shape) or not DType.is_float(x.dtype):
         return ops.reshape(x, max_shape(shape))
+    return _cumsum_of_one(x)
+
+
+def _cumsum_of_one(x):
+    """The one element of `x` as rank 0, through a cumsum (0 + x)."""
     return ops.reshape(ops.cumsum(ops.reshape(x, [1]), axis=0), [])
 
 
@@ -126,9 +131,9 @@ def scalar_copy(x):
     copy is a cumsum too, exact for integers; for floats it adds 0, which
     turns -0.0 into +0.0, so 1/x (+-inf for +-0) travels beside it and
     gives a zero its sign back."""
-    one = ops.reshape(x, [1])
     if not DType.is_float(x.dtype):
-        return ops.reshape(ops.cumsum(one, axis=0), [])
+        return _cumsum_of_one(x)
+    one = ops.reshape(x, [1])
     reciprocal = ops.div(ops.constant(1.0, x.dtype, device=x.device), one)
     pair = ops.cumsum(ops.reshape(ops.concat([one, reciprocal], axis=0), [2, 1]), axis=1)
     value = ops.reshape(ops.slice_tensor(pair, [slice(0, 1), slice(None)]), [])

@@ -22,9 +22,8 @@ from juju import Priority, RuleSet
 from juju import primitives as P
 from juju._compat import open_jaxpr
 from juju.dtypes import is_float
-from juju_ops_nn.patterns import (
-    Any, Lit, Op, Opt, Pattern, X, is_number, near, nn_fused_p, positive, rewrite_closed_jaxpr,
-)
+from juju.patterns import Any, Lit, Op, Opt, X, is_number, near, positive
+from juju_ops_nn.patterns import Pattern, nn_fused_p, rewrite_closed_jaxpr
 
 rules = RuleSet()
 

@@ -12,22 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from juju._compat import ClosedJaxpr, Jaxpr, JaxPrimitive, Var, jex_core, open_jaxpr
-from juju.patterns import Any, Lit, Match, Matcher, Op, Opt, X, is_number, near, positive
+from juju.patterns import Match, Matcher
 from juju.primitives import call_primitives
-
-__all__ = [
-    "Any",
-    "Lit",
-    "Op",
-    "Opt",
-    "Pattern",
-    "X",
-    "is_number",
-    "near",
-    "nn_fused_p",
-    "positive",
-    "rewrite_closed_jaxpr",
-]
 
 # One primitive for every recognised pattern: params `name` (the pattern),
 # `attrs` (what the fused lowering needs, a sorted tuple of pairs) and
