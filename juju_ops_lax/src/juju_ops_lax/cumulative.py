@@ -60,6 +60,16 @@ def _combiner(kind):
     }[kind]
 
 
+def one_element_scan_is_identity(primitive, dtype) -> bool:
+    """Whether XLA returns the operand itself for a scan over one element.
+    It does (cumsum keeps -0.0, where 0 + -0.0 is +0.0), except for
+    cumlogsumexp (logaddexp(-inf, -0.0) is +0.0) and bfloat16 cumsum, which
+    XLA's CPU backend computes in float32 as 0 + x."""
+    if primitive is P.cumlogsumexp_p:
+        return False
+    return not (primitive is P.cumsum_p and np.dtype(dtype) == np.dtype("bfloat16"))
+
+
 def _scan_rule(kind):
     combine = _combiner(kind)
 
@@ -67,8 +77,11 @@ def _scan_rule(kind):
         shape = list(ctx.avals_in[0].shape)
         dtype = ctx.avals_in[0].dtype
         n = shape[axis]
-        if n <= 1:
+        if n == 0 or (n == 1 and one_element_scan_is_identity(ctx.primitive, dtype)):
             return x
+        if n == 1:
+            return combine(ctx, x, ops.broadcast_to(scalar(ctx, _identity(dtype, kind), dtype),
+                                                    shape))
         as_bool = is_bool(dtype)
         if as_bool:  # or/and on bools, via int32 max/min
             x = ops.cast(x, ctx.max_dtype(np.int32))

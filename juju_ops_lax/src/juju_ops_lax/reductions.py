@@ -123,7 +123,14 @@ def _short_last_axis(ctx, axes) -> bool:
 
 
 def _nan_aware(op):
-    """XLA's max/min reductions return NaN if any element is NaN."""
+    """XLA's float max/min reductions: NaN if any element is NaN, and -inf
+    (max) or +inf (min) where every element is that infinity.
+
+    MAX's float max reduction starts from the lowest finite value, not -inf
+    (and min from the largest), so a row of -infs (a fully masked row of
+    attention logits, `jnp.max(x, where=mask, initial=-inf)`) came out as
+    -3.4e38. One int32 reduction of a per-element flag finds both cases:
+    2 for NaN, 0 for the op's identity infinity, 1 for anything else."""
 
     def lower(ctx, x, *, axes, out_sharding=None):
         dtype = ctx.avals_in[0].dtype
@@ -134,9 +141,18 @@ def _nan_aware(op):
         result = _reduce(op, ctx, x, axes)
         if not is_float(dtype) or not axes:
             return result
-        nan_mask = ops.cast(ops.is_nan(x), ctx.max_dtype(np.int32))
-        any_nan = ops.greater(_reduce(ops.max, ctx, nan_mask, axes), scalar(ctx, 0, np.int32))
-        return ops.where(any_nan, scalar(ctx, np.nan, dtype), result)
+        identity = -np.inf if op is ops.max else np.inf
+        int32 = ctx.max_dtype(np.int32)
+        zero = scalar(ctx, 0, dtype)
+        on_side = ops.greater(zero, x) if op is ops.max else ops.greater(x, zero)
+        at_identity = ops.logical_and(ops.is_inf(x), on_side)
+        flag = ops.where(ops.is_nan(x), scalar(ctx, 2, np.int32),
+                         ops.cast(ops.logical_not(at_identity), int32))
+        worst = _reduce(ops.max, ctx, flag, axes)
+        result = ops.where(ops.equal(worst, scalar(ctx, 0, np.int32)),
+                           scalar(ctx, identity, dtype), result)
+        return ops.where(ops.greater(worst, scalar(ctx, 1, np.int32)),
+                         scalar(ctx, np.nan, dtype), result)
 
     lower.__qualname__ = f"lower_reduce_{op.__name__}"
     return lower

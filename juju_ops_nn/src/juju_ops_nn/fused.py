@@ -246,13 +246,22 @@ def nan_rows(op):
     """op over the last axis, but NaN for a whole row that jax.nn's softmax
     and log_softmax make NaN: a row holding a NaN or +inf, or only -inf
     (x - max(x) is NaN there). MAX's kernels assume no NaN and give NaN only
-    where the input has one."""
+    where the input has one. The row's max cannot tell an all -inf row: MAX's
+    float max reduction starts from the lowest finite value. So each element
+    gets a flag, 2 for NaN or +inf, 0 for -inf, 1 otherwise, and a row is
+    bad unless its largest flag is 1."""
 
     def safe(v):
-        has_nan = ops.greater(ops.max(ops.cast(ops.is_nan(v), DType.int32), axis=-1),
-                              ops.constant(0, DType.int32, device=v.device))
-        bad = ops.logical_or(has_nan, ops.is_inf(ops.max(v, axis=-1)))
-        return ops.where(bad, ops.constant(float("nan"), v.dtype, device=v.device), op(v))
+        def const(value, dtype=DType.int32):
+            return ops.constant(value, dtype, device=v.device)
+
+        infinite = ops.is_inf(v)
+        negative = ops.greater(const(0, v.dtype), v)
+        flag = ops.where(ops.logical_or(ops.is_nan(v), ops.logical_and(
+            infinite, ops.logical_not(negative))), const(2),
+            ops.where(infinite, const(0), const(1)))
+        bad = ops.not_equal(ops.max(flag, axis=-1), const(1))
+        return ops.where(bad, const(float("nan"), v.dtype), op(v))
 
     safe.__name__ = getattr(op, "__name__", "op")
     return safe
