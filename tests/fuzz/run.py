@@ -42,6 +42,11 @@ counted as known, with its reason, not as a failure. They are:
   of its sign (`any(9e-41)` is False) and round denormal results to zero.
   Counted as known only where juju's result is jax.jit's on the operands
   with their denormals flushed.
+- Half-precision intermediates: XLA's CPU backend computes float16 and
+  bfloat16 ops in float32 and, by default (`xla_allow_excess_precision`),
+  drops the rounding between them (`f32 + exp(bf16)` adds the unrounded
+  exponential). juju rounds every result to its type. Counted as known only
+  where juju's result is jax.jit's with that option off.
 """
 
 from __future__ import annotations
@@ -137,6 +142,21 @@ def _matches_with_denormals_flushed(program, step, actual, operands) -> bool:
     return compare(actual, again, step.op, len(program.steps)) is None
 
 
+def _matches_without_excess_precision(program, step, actual) -> bool:
+    """Whether `actual` is jax.jit's value of `step` when XLA rounds every
+    half-precision result: by default (`xla_allow_excess_precision`) XLA's
+    CPU backend computes float16/bfloat16 ops in float32 and drops the
+    rounding between them, e.g. in `f32 + exp(bf16)`."""
+    if not any(str(np.asarray(v).dtype) in HALF for v in program.inputs):
+        return False
+    index = next(k for k, s in enumerate(program.steps) if s is step)
+    with jax.enable_x64(program.x64):
+        strict = jax.jit(program).lower(*program.inputs).compile(
+            compiler_options={"xla_allow_excess_precision": False})
+        expected = strict(*program.inputs)[index]
+    return compare(actual, expected, step.op, len(program.steps)) is None
+
+
 # (reason, predicate(program, step, expected, actual, operands) -> bool) for the
 # first mismatching step; operands are jax.jit's values of the step's arguments.
 KNOWN = [
@@ -160,6 +180,9 @@ KNOWN = [
      lambda p, step, e, a, ops: str(e.dtype) in HALF and _overflow_edge(e, a)),
     ("MAX's CPU kernels flush denormals to zero (FTZ/DAZ); XLA keeps them",
      lambda p, step, e, a, ops: _matches_with_denormals_flushed(p, step, a, ops)),
+    ("XLA skips the rounding of half-precision intermediates (xla_allow_excess_precision); "
+     "juju rounds each, as jax.jit does with that option off",
+     lambda p, step, e, a, ops: _matches_without_excess_precision(p, step, a)),
 ]
 
 
