@@ -47,6 +47,11 @@ counted as known, with its reason, not as a failure. They are:
   drops the rounding between them (`f32 + exp(bf16)` adds the unrounded
   exponential). juju rounds every result to its type. Counted as known only
   where juju's result is jax.jit's with that option off.
+- Division by a broadcast divisor near the type's largest value: XLA
+  computes x / broadcast(y) as x * broadcast(1 / y), and 1 / 3.4e38 is a
+  denormal its CPU code flushes to zero, so `x / max(x)` is 0 in a row whose
+  max is 3.4e38. juju divides (1.0). Counted as known only where jax.jit's
+  result is x * flush(1 / y) and juju's is x / y.
 """
 
 from __future__ import annotations
@@ -157,6 +162,24 @@ def _matches_without_excess_precision(program, step, actual) -> bool:
     return compare(actual, expected, step.op, len(program.steps)) is None
 
 
+def _xla_reciprocal_flushed(program, step, expected, actual, operands) -> bool:
+    """Whether `step` divides by a broadcast divisor whose reciprocal is a
+    denormal: XLA computes x / broadcast(y) as x * broadcast(1 / y) and
+    flushes that denormal to zero (3.4e38 / 3.4e38 is 0 under jax.jit), where
+    juju divides: `actual` is x / y and `expected` is x * flush(1 / y)."""
+    if step.op != "true_divide" or kind(expected.dtype) != "f":
+        return False
+    x, y = (np.asarray(o).astype(expected.dtype) for o in operands)
+    if y.size >= expected.size:
+        return False
+    with np.errstate(all="ignore"):
+        reciprocal_times = x * _flush_denormals(np.asarray(1 / y, expected.dtype))
+        quotient = x / y
+    n = len(program.steps)
+    return (compare(expected, reciprocal_times, step.op, n) is None
+            and compare(actual, quotient, step.op, n) is None)
+
+
 # (reason, predicate(program, step, expected, actual, operands) -> bool) for the
 # first mismatching step; operands are jax.jit's values of the step's arguments.
 KNOWN = [
@@ -183,6 +206,9 @@ KNOWN = [
     ("XLA skips the rounding of half-precision intermediates (xla_allow_excess_precision); "
      "juju rounds each, as jax.jit does with that option off",
      lambda p, step, e, a, ops: _matches_without_excess_precision(p, step, a)),
+    ("XLA divides by a broadcast divisor as x * (1 / y) and flushes a denormal 1 / y "
+     "to zero; juju divides",
+     _xla_reciprocal_flushed),
 ]
 
 
