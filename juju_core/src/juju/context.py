@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+from max.dtype import DType
 from max.graph import DeviceRef, TensorValue, ops
 
 from juju import dtypes
@@ -70,5 +74,63 @@ def constant(array: np.ndarray, device: DeviceRef) -> TensorValue:
         # they widen to float32 exactly, so build there and cast back.
         return ops.cast(constant(array.astype(np.float32), device), target)
     if array.ndim == 0:  # a 0-d numpy array would come back with shape (1,)
-        return ops.constant(array.item(), target, device=device)
-    return ops.constant(array, target, device=device)
+        value = ops.constant(array.item(), target, device=device)
+    else:
+        value = ops.constant(array, target, device=device)
+    if _read_as_zero_or_one(array):
+        never = _runtime_false(device)
+        if never is not None:  # a select MAX cannot resolve: value itself, at runtime
+            value = ops.where(never, ops.constant(2.0, target, device=device), value)
+    return value
+
+
+# The graph's inputs while a graph is built (build_graph): runtime values.
+_graph_inputs: contextvars.ContextVar[tuple] = contextvars.ContextVar(
+    "juju_graph_inputs", default=())
+
+
+@contextlib.contextmanager
+def graph_inputs(values):
+    """Make the inputs of the graph being built known to `constant`."""
+    token = _graph_inputs.set(tuple(values))
+    try:
+        yield
+    finally:
+        _graph_inputs.reset(token)
+
+
+def _read_as_zero_or_one(array: np.ndarray) -> bool:
+    """Whether MAX 26.7 would take float64 `array` for a constant 0 or 1.
+
+    Its graph simplifier tests a float64 constant for the identities of
+    x * 0, x * 1, x / 1 and x + 0 after rounding it to float32, so x * 1e-300
+    gave 0, x + 1e-50 gave x and x * (1 + 1e-10) gave x (tests/test_nan.py).
+    It folds any op of constants (a cumsum, a slice) into a new constant
+    first, so only a runtime value hides such a constant (`_runtime_one`)."""
+    if array.dtype != np.float64 or array.size == 0:
+        return False
+    with np.errstate(over="ignore", under="ignore"):
+        rounded = array.astype(np.float32)
+    first = rounded.flat[0]
+    return bool(first in (0.0, 1.0) and (rounded == first).all() and (rounded != array).any())
+
+
+def _runtime_false(device: DeviceRef) -> TensorValue | None:
+    """A bool that is always false but that MAX cannot prove false: whether
+    0 or 1 (read from the first element of a graph input) is infinite. None
+    without a non-empty graph input of static shape (the constant then
+    stays as MAX reads it)."""
+    for x in _graph_inputs.get():
+        dims = [int(d) if str(d).isdigit() else None for d in x.shape]
+        if None in dims or math.prod(dims) == 0 or x.device != device:
+            continue
+        first = ops.reshape(ops.slice_tensor(ops.reshape(x, [math.prod(dims)]),
+                                             [slice(0, 1)]), [])
+        if DType.is_float(first.dtype):
+            flag = ops.is_nan(first)
+        elif first.dtype == DType.bool:
+            flag = first
+        else:
+            flag = ops.not_equal(first, ops.constant(0, first.dtype, device=device))
+        return ops.is_inf(ops.cast(flag, DType.float64))
+    return None

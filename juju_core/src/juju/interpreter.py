@@ -23,7 +23,7 @@ from juju._compat import (
     source_line,
     sub_jaxprs_of_params,
 )
-from juju.context import LoweringContext, constant
+from juju.context import LoweringContext, constant, graph_inputs
 from juju.errors import LoweringError, MissingRule, MissingRuleError, RuleConflictError
 from juju.explain import active_recorder
 from juju.registry import Registry
@@ -286,8 +286,9 @@ def build_graph(
     )
     with graph:
         args = [value.tensor for value in graph.inputs]
-        outs = lower_jaxpr(
-            closed_jaxpr, *args, registry=registry, device=device, libraries=libraries
-        )
+        with graph_inputs(args):
+            outs = lower_jaxpr(
+                closed_jaxpr, *args, registry=registry, device=device, libraries=libraries
+            )
         graph.output(*outs)
     return graph
