@@ -106,7 +106,7 @@ def _read_as_zero_or_one(array: np.ndarray) -> bool:
     x * 0, x * 1, x / 1 and x + 0 after rounding it to float32, so x * 1e-300
     gave 0, x + 1e-50 gave x and x * (1 + 1e-10) gave x (tests/test_nan.py).
     It folds any op of constants (a cumsum, a slice) into a new constant
-    first, so only a runtime value hides such a constant (`_runtime_one`)."""
+    first, so only a runtime value hides such a constant (`_runtime_false`)."""
     if array.dtype != np.float64 or array.size == 0:
         return False
     with np.errstate(over="ignore", under="ignore"):
