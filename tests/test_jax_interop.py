@@ -220,3 +220,21 @@ def test_eager_grad_reuses_executables(compiled):
     for _ in range(3):
         jax.grad(loss_jit)(params0, X, Y)
     assert len(call._runners_by_text) == count
+
+
+@jax.jit
+def _doubled_range():
+    return jnp.arange(4.0, dtype=jnp.float32) * 2.0
+
+
+def test_jax_jit_without_arguments_inside():
+    """A jax.jit function called with no arguments is a jit equation with no
+    operands: a pack's guard that read its first operand made the lowering
+    raise IndexError (found by the fuzzing tier, seed 37)."""
+    def fn(x):
+        return x + _doubled_range()
+
+    x = f32(4)
+    assert any(e.primitive.name in ("jit", "pjit") and not e.invars
+               for e in jax.make_jaxpr(fn)(x).jaxpr.eqns)
+    assert_same(juju.jit(fn)(x), jax.jit(fn)(x))

@@ -34,8 +34,9 @@ rules = juju.RuleSet(dtypes=(*REAL, np.dtype(np.int32)))
 
 
 def cpu_real(ctx) -> bool:
-    """A CPU graph and a float32/float64 operand."""
-    return ctx.device.is_cpu() and np.dtype(ctx.avals_in[0].dtype) in REAL
+    """A CPU graph and a float32/float64 first operand."""
+    return (ctx.device.is_cpu() and bool(ctx.avals_in)
+            and np.dtype(ctx.avals_in[0].dtype) in REAL)
 
 
 def _batched(shape) -> tuple[int, int, int]:
@@ -115,7 +116,7 @@ def _tril_cholesky(jaxpr) -> bool | None:
 
 
 def _is_tril_cholesky(ctx) -> bool:
-    return (cpu_real(ctx) and ctx.params.get("name") in ("cholesky", "_cholesky")
+    return (ctx.params.get("name") in ("cholesky", "_cholesky") and cpu_real(ctx)
             and _tril_cholesky(ctx.params["jaxpr"]) is not None)
 
 
