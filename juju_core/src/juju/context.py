@@ -121,8 +121,8 @@ def _runtime_false(device: DeviceRef) -> TensorValue | None:
     without a non-empty graph input of static shape (the constant then
     stays as MAX reads it)."""
     for x in _graph_inputs.get():
-        dims = [int(d) if str(d).isdigit() else None for d in x.shape]
-        if None in dims or math.prod(dims) == 0 or x.device != device:
+        dims = dtypes.static_shape(x.shape)
+        if dims is None or math.prod(dims) == 0 or x.device != device:
             continue
         first = ops.reshape(ops.slice_tensor(ops.reshape(x, [math.prod(dims)]),
                                              [slice(0, 1)]), [])
