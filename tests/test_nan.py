@@ -155,14 +155,42 @@ def constant_numerators(x, y):
             1.0 / y)
 
 
+def zeros_and_folds(x, y):
+    """XLA orders -0.0 below +0.0 in max and min (MAX returned either zero),
+    and MAX's simplifier folded x * 0 to 0 and 0 - x to -x, as if no x were
+    infinite, NaN or +0.0. Also functions of -0.0 that are -0.0."""
+    z = jnp.stack([x[4], x[5], x[4], x[5], x[1]])  # +0 -0 +0 -0 1 (runtime values)
+    w = jnp.stack([x[4], x[4], x[5], x[5], x[5]])  # +0 +0 -0 -0 -0
+    zw = jnp.concatenate([z, x])
+    wy = jnp.concatenate([w, y])
+
+    def loop_body(i, carry):  # max and min in a loop kernel's generated code
+        hi, lo = carry
+        return jnp.maximum(hi, wy), jnp.minimum(lo, wy)
+
+    pair = jnp.stack([zw, wy])
+    return (jnp.maximum(zw, wy), jnp.minimum(zw, wy), jnp.maximum(wy, zw), jnp.minimum(wy, zw),
+            jax.nn.relu(zw), jnp.maximum(zw, 0.0), jnp.maximum(zw, -0.0), jnp.minimum(zw, 0.0),
+            jnp.minimum(zw, -0.0), jnp.maximum(zw, 1.0), jnp.minimum(2.0, zw),
+            jnp.clip(wy, 0.0, 1.0), jnp.clip(zw, -1.0, -0.0), jax.nn.relu6(wy),
+            lax.cummax(pair, 0), lax.cummin(pair, 0), lax.cummax(pair, 0, reverse=True),
+            jax.ops.segment_max(zw, jnp.arange(17) // 2, num_segments=9),
+            jax.ops.segment_min(zw, jnp.arange(17) // 2, num_segments=9),
+            lax.fori_loop(0, 3, loop_body, (zw, zw)),
+            zw * 0.0, 0.0 * zw, zw * -0.0, zw * jnp.zeros_like(zw), jnp.exp(zw) * 0.0,
+            zw - zw, 0.0 - zw, jnp.sum(zw * 0.0),
+            jnp.arctan(z), jnp.arcsin(z), jnp.arcsinh(z), jnp.sinh(z), jnp.cbrt(z),
+            jnp.arctan2(z, w), jnp.arctan2(z, 1.0))
+
+
 CASES = {
     "issue_example": issue_example, "comparisons": comparisons, "selects": selects,
     "math": math_fns, "nan_made_inside": nan_made_inside, "casts": casts,
     "reductions": reductions, "infinite_rows": infinite_rows,
     "one_element_scans": one_element_scans, "sorting": sorting, "powers": powers, "remainders": remainders,
-    "constant_numerators": constant_numerators,
+    "constant_numerators": constant_numerators, "zeros_and_folds": zeros_and_folds,
 }
-SIGNED_ZEROS = {"remainders", "constant_numerators", "one_element_scans"}  # cases whose zeros' signs are checked too
+SIGNED_ZEROS = {"remainders", "constant_numerators", "one_element_scans", "zeros_and_folds"}  # cases whose zeros' signs are checked too
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
           "float64": np.float64}
 
@@ -222,14 +250,10 @@ F64_TOLERANCE = dict(rtol=1e-11, atol=1e-12)
 # MAX's float64 pow near the ends of the exponent range: sqrt(1.8e308) is off
 # by 1.4e-10 relative (exp of a large argument; docs/testing.md)
 F64_POW_TOLERANCE = dict(rtol=1e-9, atol=1e-12)
-FOLDED = ("MAX folds x * 0.0 and y - y to 0 (it assumes no NaN or inf), so a NaN made "
-          "from infinities inside the graph is lost; see docs/testing.md")
 
 
 def _param(case, dtype_name):
-    # float16/bfloat16 compute in float32 through casts, which MAX does not fold
-    folded = case == "nan_made_inside" and dtype_name in ("float32", "float64")
-    marks = [pytest.mark.xfail(reason=FOLDED, strict=True)] if folded else []
+    marks = []
     if dtype_name in FULL_DTYPES:
         marks.append(pytest.mark.full)
     return pytest.param(case, dtype_name, marks=marks, id=f"{case}-{dtype_name}")

@@ -62,6 +62,15 @@ class LoweringContext:
         array = np.asarray(value, dtype=dtype)
         return constant(array, self.device)
 
+    def opaque(self, value: TensorValue) -> TensorValue:
+        """`value`, in a form MAX's graph simplifier cannot see through.
+
+        MAX 26.7 simplifies as if no value were NaN, infinite or -0.0: it
+        folds x * 0 to 0 and x - x to 0 (IEEE: NaN for an infinite or NaN
+        x). A rule hides the operand such a fold keys on; the value is the
+        same at runtime."""
+        return opaque(value)
+
 
 def constant(array: np.ndarray, device: DeviceRef) -> TensorValue:
     """A MAX constant for a numpy array of any supported dtype."""
@@ -77,11 +86,18 @@ def constant(array: np.ndarray, device: DeviceRef) -> TensorValue:
         value = ops.constant(array.item(), target, device=device)
     else:
         value = ops.constant(array, target, device=device)
-    if _read_as_zero_or_one(array):
-        never = _runtime_false(device)
-        if never is not None:  # a select MAX cannot resolve: value itself, at runtime
-            value = ops.where(never, ops.constant(2.0, target, device=device), value)
-    return value
+    return opaque(value) if _read_as_zero_or_one(array) else value
+
+
+def opaque(value: TensorValue) -> TensorValue:
+    """`value` behind a select MAX cannot resolve (`LoweringContext.opaque`);
+    `value` itself in a graph without a runtime input to make the select's
+    condition from."""
+    never = _runtime_false(value.device)
+    if never is None:
+        return value
+    other = ops.constant(1 if value.dtype == DType.bool else 2, value.dtype, device=value.device)
+    return ops.where(never, other, value)
 
 
 # The graph's inputs while a graph is built (build_graph): runtime values.

@@ -226,6 +226,8 @@ def max_nan[dt: DType](a: Scalar[dt], b: Scalar[dt]) -> Scalar[dt]:
     comptime if dt.is_floating_point():
         if isnan(a):
             return a
+        if a == 0 and b == 0:  # XLA orders -0.0 below +0.0
+            return a + b
     return a if a > b else b
 
 
@@ -234,6 +236,8 @@ def min_nan[dt: DType](a: Scalar[dt], b: Scalar[dt]) -> Scalar[dt]:
     comptime if dt.is_floating_point():
         if isnan(a):
             return a
+        if a == 0 and b == 0:  # -0.0 if either is
+            return -((-a) + (-b))
     return a if a < b else b
 
 

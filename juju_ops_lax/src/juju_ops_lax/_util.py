@@ -8,10 +8,10 @@ import operator
 
 import numpy as np
 from max.dtype import DType
-from max.graph import ops
+from max.graph import TensorValue, ops
 
 from juju.dtypes import is_float  # noqa: F401  (re-exported for the rule modules)
-from juju.dtypes import max_shape, physical_aval, static_shape
+from juju.dtypes import max_shape, numpy_dtype, physical_aval, static_shape
 
 
 def broadcast_to(x, shape):
@@ -182,17 +182,23 @@ def _regroups(old, new) -> bool:
     return kept(old) != kept(new)
 
 
-def _producer(x, through=("ReshapeOp",)) -> str:
-    """The class name of the op that makes `x`, looking up through `through`
-    ops ("" when the chain is long)."""
+def _producer_op(x, through=("ReshapeOp",)):
+    """The op that makes `x`, looking up through `through` ops (a Block for
+    a graph input; None when the chain is long)."""
     value = x._mlir_value
     for _ in range(8):
-        kind = type(getattr(value, "owner", None)).__name__
-        if kind not in through:
-            return kind
-        value = value.owner.operands[0]
+        op = getattr(value, "owner", None)
+        if type(op).__name__ not in through:
+            return op
+        value = op.operands[0]
         value = getattr(value, "value", value)
-    return ""
+    return None
+
+
+def _producer(x, through=("ReshapeOp",)) -> str:
+    """The class name of the op that makes `x`, looking up through `through`
+    ops ("NoneType" when the chain is long)."""
+    return type(_producer_op(x, through)).__name__
 
 
 def _made_by_matmul(x) -> bool:
@@ -204,6 +210,40 @@ def is_constant(x) -> bool:
     """Whether `x` is a constant, possibly reshaped or broadcast: MAX's
     compiler folds arithmetic on it as if no operand were NaN or inf."""
     return _producer(x, ("ReshapeOp", "BroadcastToOp")) == "ConstantOp"
+
+
+def _constant_array(x, max_bytes: int):
+    """The value of `x` as a numpy array of its dtype if it is a constant,
+    possibly reshaped, broadcast or cast, of at most `max_bytes`; else None."""
+    op = _producer_op(x, ("ReshapeOp", "BroadcastToOp", "CastOp"))
+    if type(op).__name__ != "ConstantOp":
+        return None
+    data = op.value.data.data  # the constant's bytes
+    if len(data) > max_bytes:
+        return None
+    dtype = numpy_dtype(TensorValue(op.results[0]).dtype)
+    with np.errstate(all="ignore"):
+        return np.asarray(data, np.uint8).view(dtype).astype(numpy_dtype(x.dtype))
+
+
+def constant_scalar(x):
+    """The value of `x` (a numpy scalar) if it is a one-element constant,
+    possibly reshaped, broadcast or cast; else None."""
+    array = _constant_array(x, 8)
+    return array[0] if array is not None and array.size == 1 else None
+
+
+def is_zero_constant(x) -> bool:
+    """Whether float `x` is a constant of zeros (either sign) only, possibly
+    reshaped, broadcast or cast. False for constants of over 4 KiB: MAX
+    keeps those as data and does not fold them."""
+    array = _constant_array(x, 4096)
+    return array is not None and array.size > 0 and not array.any()
+
+
+def same_value(x, y) -> bool:
+    """Whether `x` and `y` are one MAX value (MAX folds x - x to 0)."""
+    return x._mlir_value == y._mlir_value
 
 
 def _fast_reduce(op, x, pre, size, post, shape):

@@ -13,6 +13,7 @@ from max.graph import ops
 
 from juju import RuleSet
 from juju import primitives as P
+from juju_ops_lax import elementwise
 from juju_ops_lax._util import is_bool, is_float, scalar
 
 rules = RuleSet()
@@ -54,8 +55,8 @@ def _combiner(kind):
     return {
         "add": lambda ctx, x, y: ops.add(x, y),
         "mul": lambda ctx, x, y: ops.mul(x, y),
-        "max": lambda ctx, x, y: _nan_either(ctx, x, y, ops.max(x, y)),
-        "min": lambda ctx, x, y: _nan_either(ctx, x, y, ops.min(x, y)),
+        "max": elementwise.lower_max,
+        "min": elementwise.lower_min,
         "logaddexp": _logaddexp,
     }[kind]
 

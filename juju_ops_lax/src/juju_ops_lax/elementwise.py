@@ -23,8 +23,8 @@ from juju._compat import jax_impls
 from juju.primitives import log2_p, one_minus_square_p, polynomial_p
 from juju_ops_lax import nan, trigonometry
 from juju_ops_lax._util import (
-    broadcast_to, is_bool, is_constant, is_float, is_signed_int, is_unsigned_int, scalar,
-    sign_bit,
+    broadcast_to, constant_scalar, is_bool, is_constant, is_float, is_signed_int, is_unsigned_int,
+    is_zero_constant, same_value, scalar, sign_bit,
 )
 
 rules = RuleSet()
@@ -84,7 +84,6 @@ rules.elementwise(
     {
         P.add_p: ops.add,
         P.add_jaxvals_p: ops.add,
-        P.sub_p: ops.sub,
         P.floor_p: ops.floor,
         P.ceil_p: ops.ceil,
     }
@@ -106,6 +105,18 @@ rules.elementwise(
         }.items()
     }
 )
+
+
+@rules.register(P.sub_p)
+def lower_sub(ctx, x, y):
+    if is_float(ctx.avals_in[0].dtype):
+        # MAX folds x - x to 0 (IEEE: NaN for an infinite or NaN x) and
+        # 0 - y to -y (IEEE: 0 - 0 is +0)
+        if is_zero_constant(x):
+            x = ctx.opaque(x)
+        elif same_value(x, y):
+            y = ctx.opaque(y)
+    return ops.sub(x, y)
 
 
 @rules.register(P.neg_p)
@@ -146,6 +157,9 @@ def lower_abs(ctx, x):
 
 @rules.register(P.mul_p)
 def lower_mul(ctx, x, y, *, out_dtype=None):
+    if is_float(ctx.avals_in[0].dtype):
+        # MAX folds x * 0 to 0: IEEE gives NaN for an infinite or NaN x, -0.0 for x < 0
+        x, y = (ctx.opaque(v) if is_zero_constant(v) else v for v in (x, y))
     result = ops.mul(x, y)
     if out_dtype is not None and np.dtype(out_dtype) != np.dtype(ctx.avals_in[0].dtype):
         result = ops.cast(result, ctx.max_dtype(out_dtype))
@@ -246,29 +260,56 @@ def _float_rem(ctx, x, y):
     return ops.where(undefined, const(float("nan")), r)
 
 
-# --- max / min with NaN propagation ------------------------------------------
+# --- max / min: NaN propagates, -0.0 < +0.0 ----------------------------------
+#
+# XLA's max/min propagate NaN and order -0.0 below +0.0 (max(-0.0, +0.0) is
+# +0.0 either way round); MAX's drop NaN and return either zero. Written with
+# `greater` (ordered: false for NaN) and `is_nan`, which MAX keeps exact.
 
 
-def _nan_propagating(op):
+def _maximum(x, y):
+    c = constant_scalar(y)
+    if c is not None and not np.isnan(c) and constant_scalar(x) is None:
+        if c == 0 and not np.signbit(c):  # relu: +0.0 also where x is -0.0
+            return ops.where(ops.greater(x, y), x, ops.where(ops.is_nan(x), x, y))
+        return ops.where(ops.greater(y, x), y, x)  # ties, NaN: x
+    if constant_scalar(x) is not None:
+        return _maximum(y, x)
+    tie = ops.where(ops.equal(x, _constant_like(x, 0)), ops.add(x, y), x)  # -0 + +0 is +0
+    tie_or_nan = ops.where(ops.is_nan(y), y, tie)
+    return ops.where(ops.greater(x, y), x, ops.where(ops.greater(y, x), y, tie_or_nan))
+
+
+def _minimum(x, y):
+    c = constant_scalar(y)
+    if c is not None and not np.isnan(c) and constant_scalar(x) is None:
+        if c == 0 and np.signbit(c):  # -0.0 also where x is +0.0
+            return ops.where(ops.greater(y, x), x, ops.where(ops.is_nan(x), x, y))
+        return ops.where(ops.greater(x, y), y, x)  # ties, NaN: x
+    if constant_scalar(x) is not None:
+        return _minimum(y, x)
+    # -(-0 + -(+0)) is -0: the sum of the negated zeros, negated
+    both_zero = ops.negate(ops.add(ops.negate(x), ops.negate(y)))
+    tie = ops.where(ops.equal(x, _constant_like(x, 0)), both_zero, x)
+    tie_or_nan = ops.where(ops.is_nan(y), y, tie)
+    return ops.where(ops.greater(y, x), x, ops.where(ops.greater(x, y), y, tie_or_nan))
+
+
+def _float_aware(name, float_op, other_op):
     def lower(ctx, x, y):
-        result = op(x, y)
-        if not is_float(ctx.avals_in[0].dtype):
-            return result
-        either_nan = ops.logical_or(ops.is_nan(x), ops.is_nan(y))
-        nan = scalar(ctx, np.nan, ctx.avals_out[0].dtype)
-        return ops.where(either_nan, nan, result)
+        return (float_op if is_float(ctx.avals_in[0].dtype) else other_op)(x, y)
 
-    lower.__qualname__ = f"lower_{op.__name__}"
+    lower.__qualname__ = lower.__name__ = f"lower_{name}"
     return lower
 
 
-rules.register(P.max_p)(_nan_propagating(ops.max))
-rules.register(P.min_p)(_nan_propagating(ops.min))
+lower_max = rules.register(P.max_p)(_float_aware("max", _maximum, ops.max))
+lower_min = rules.register(P.min_p)(_float_aware("min", _minimum, ops.min))
 
 
 @rules.register(P.clamp_p)
 def lower_clamp(ctx, lo, x, hi):
-    clamp = _nan_propagating(ops.min)(ctx, _nan_propagating(ops.max)(ctx, x, lo), hi)
+    clamp = lower_min(ctx, lower_max(ctx, x, lo), hi)
     return broadcast_to(clamp, ctx.aval_out.shape)
 
 

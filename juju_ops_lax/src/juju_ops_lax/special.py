@@ -50,6 +50,12 @@ def _where(c, a, b):
     return lax.select(c, a, b)
 
 
+def _keep_nan(x, result):
+    """result, but x where x is NaN (selected: adding a NaN-or-zero term
+    would turn a -0.0 result into +0.0)."""
+    return _where(x == x, result, x)
+
+
 # --- inverse trigonometric (Cephes atan, double precision) ---------------------
 
 _ATAN_P = [-8.750608600031904122785e-1, -1.615753718733365076637e1,
@@ -77,7 +83,7 @@ def _atan(x):
     r = xr * (z * _poly(z, _ATAN_P) / _poly(z, _ATAN_Q)) + xr
     result = y0 + (r + extra)
     result = _where(jnp.isinf(a), jnp.full_like(a, math.pi / 2), result)
-    return sign * result + _where(x == x, jnp.zeros_like(x), x)  # NaN stays NaN
+    return _keep_nan(x, sign * result)
 
 
 def _atan2(y, x):
@@ -90,7 +96,7 @@ def _atan2(y, x):
     t = _where(x_neg, math.pi - t, t)
     y_neg = (y < 0) | ((y == 0) & (1.0 / _where(y == 0, y, jnp.ones_like(y)) < 0))
     t = _where(y_neg, -t, t)
-    return t + _where((x == x) & (y == y), jnp.zeros_like(t), x + y)
+    return _where((x == x) & (y == y), t, x + y)  # NaN: NaN
 
 
 def _asin(x):
@@ -107,7 +113,7 @@ def _asinh(x):
     safe = _where(big, jnp.ones_like(a), a)
     small = jnp.log1p(safe + safe * safe / (1.0 + jnp.sqrt(1.0 + safe * safe)))
     result = _where(big, jnp.log(a) + math.log(2.0), small)
-    return jnp.sign(x) * result + _where(x == x, jnp.zeros_like(x), x)
+    return _keep_nan(x, jnp.sign(x) * result)
 
 
 def _acosh(x):
@@ -128,7 +134,7 @@ def _sinh(x):
     big = a > 700.0
     half = jnp.exp(_where(big, a - math.log(2.0), jnp.zeros_like(a)))
     result = _where(big, half, 0.5 * (u + u / (u + 1.0)))
-    return jnp.sign(x) * result + _where(x == x, jnp.zeros_like(x), x)
+    return _keep_nan(x, jnp.sign(x) * result)
 
 
 def _cosh(x):
@@ -144,7 +150,7 @@ def _cbrt(x):
     y = jnp.exp(jnp.log(safe) / 3.0)
     y = y - (y * y * y - safe) / (3.0 * y * y)  # one Newton step
     y = _where((a == 0) | jnp.isinf(a), a, y)
-    return jnp.sign(x) * y + _where(x == x, jnp.zeros_like(x), x)
+    return _keep_nan(x, jnp.sign(x) * y)
 
 
 # --- error functions ---------------------------------------------------------
@@ -237,7 +243,7 @@ def _lgamma(x):
     result = _where(reflect, reflected, lg)
     is_pole = reflect & (jnp.floor(x) == x)
     result = _where(is_pole | jnp.isinf(x), jnp.full_like(x, np.inf), result)
-    return result + _where(x == x, jnp.zeros_like(x), x)
+    return _keep_nan(x, result)
 
 
 def _digamma(x):
@@ -288,7 +294,7 @@ def _bessel_ie(x, order):
     result = _where(small, series, asym)
     if order == 1:
         result = jnp.sign(x) * result
-    return result + _where(x == x, jnp.zeros_like(x), x)
+    return _keep_nan(x, result)
 
 
 _DECOMPOSITIONS = {

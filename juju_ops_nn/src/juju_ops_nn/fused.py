@@ -305,8 +305,10 @@ def _unary_call(ctx) -> bool:
 
 
 def _relu(x):
-    # MAX's relu drops NaN (its kernels assume none): keep it, as max(x, 0) does
-    return ops.where(ops.is_nan(x), x, ops.relu(x))
+    # As XLA's max(x, 0): NaN stays NaN and -0.0 becomes +0.0. MAX's relu
+    # drops NaN (its kernels assume none) and keeps -0.0 in some lanes.
+    zero = ops.constant(0, x.dtype, device=x.device)
+    return ops.where(ops.greater(x, zero), x, ops.where(ops.is_nan(x), x, zero))
 
 
 def _silu(x):

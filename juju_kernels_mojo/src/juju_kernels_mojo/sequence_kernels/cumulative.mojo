@@ -3,12 +3,15 @@
 # order (or in reverse), the `post` columns of a step side by side, the
 # `pre` blocks in parallel. float32 and narrower sums accumulate in float64
 # (XLA's log-depth scan rounds differently anyway; this keeps the error at
-# one rounding per element). max/min propagate NaN, as XLA's.
+# one rounding per element). max/min propagate NaN and order -0.0
+# below +0.0, as XLA's.
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
 from max.algorithm import parallelize
 from std.math import exp, isinf, isnan, log1p
 from std.utils.numerics import inf, nan
+
+from .extrema import maximum, minimum
 
 comptime ADD = 0
 comptime MUL = 1
@@ -23,14 +26,10 @@ def _combine[kind: Int, dtype: DType](a: Scalar[dtype], b: Scalar[dtype]) -> Sca
         return a + b
     elif kind == MUL:
         return a * b
-    elif kind == MAX or kind == MIN:
-        comptime if dtype.is_floating_point():
-            if isnan(a) or isnan(b):
-                return nan[dtype]()
-        comptime if kind == MAX:
-            return max(a, b)
-        else:
-            return min(a, b)
+    elif kind == MAX:
+        return maximum(a, b)
+    elif kind == MIN:
+        return minimum(a, b)
     else:
         comptime assert dtype.is_floating_point(), "juju_cumulative: logaddexp of integers"
         if isnan(a) or isnan(b):

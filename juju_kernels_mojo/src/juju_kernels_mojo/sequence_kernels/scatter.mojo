@@ -4,8 +4,8 @@
 # [0, n) are dropped (the rule maps updates that lax's mode drops there).
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
-from std.math import isnan
-from std.utils.numerics import nan
+
+from .extrema import maximum, minimum
 
 comptime REPLACE = 0
 comptime ADD = 1
@@ -51,8 +51,4 @@ struct ScatterFlat[kind: Int]:
                 out[unsafe_offset=j] = out[unsafe_offset=j] * u
             else:
                 var t = out[unsafe_offset=j]
-                var r = min(t, u) if Self.kind == MIN else max(t, u)
-                comptime if dtype.is_floating_point():
-                    if isnan(t) or isnan(u):
-                        r = nan[dtype]()
-                out[unsafe_offset=j] = r
+                out[unsafe_offset=j] = minimum(t, u) if Self.kind == MIN else maximum(t, u)
