@@ -180,7 +180,9 @@ def zeros_and_folds(x, y):
             zw * 0.0, 0.0 * zw, zw * -0.0, zw * jnp.zeros_like(zw), jnp.exp(zw) * 0.0,
             zw - zw, 0.0 - zw, jnp.sum(zw * 0.0),
             jnp.arctan(z), jnp.arcsin(z), jnp.arcsinh(z), jnp.sinh(z), jnp.cbrt(z),
-            jnp.arctan2(z, w), jnp.arctan2(z, 1.0))
+            jnp.arctan2(z, w), jnp.arctan2(z, 1.0),
+            jnp.maximum(jnp.full(3, 2.0, x.dtype), jnp.full(3, -1.0, x.dtype)),  # constants only
+            jnp.minimum(jnp.full(3, -0.0, x.dtype), jnp.zeros(3, x.dtype)))
 
 
 CASES = {

@@ -183,13 +183,6 @@ def _xla_reciprocal_flushed(program, step, expected, actual, operands) -> bool:
 # (reason, predicate(program, step, expected, actual, operands) -> bool) for the
 # first mismatching step; operands are jax.jit's values of the step's arguments.
 KNOWN = [
-    ("MAX folds y - y to 0, also for infinite y (XLA: NaN)",
-     lambda p, step, e, a, ops: step.op == "subtract" and step.args[0] == step.args[1]),
-    ("MAX folds x * 0 to 0 for a constant 0, also for x NaN or inf (XLA: NaN)",
-     lambda p, step, e, a, ops: step.op in ("multiply", "dot") and len(ops) == 2
-     and any(not np.asarray(o).any() for o in ops)
-     and any(kind(np.asarray(o).dtype) == "f" and not np.isfinite(np.asarray(o, np.float64)).all()
-             for o in ops)),
     ("top_k ranks every NaN as +NaN (MAX has no bitcast to see a NaN's sign)",
      lambda p, step, e, a, ops: step.op == "top_k"),
     ("half-precision accumulation overflows in another place than XLA's float32 one",

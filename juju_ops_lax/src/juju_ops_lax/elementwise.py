@@ -268,26 +268,26 @@ def _float_rem(ctx, x, y):
 
 
 def _maximum(x, y):
-    c = constant_scalar(y)
-    if c is not None and not np.isnan(c) and constant_scalar(x) is None:
+    c, other = constant_scalar(y), constant_scalar(x)
+    if other is not None and c is None and not np.isnan(other):
+        return _maximum(y, x)  # the constant second
+    if c is not None and other is None and not np.isnan(c):
         if c == 0 and not np.signbit(c):  # relu: +0.0 also where x is -0.0
             return ops.where(ops.greater(x, y), x, ops.where(ops.is_nan(x), x, y))
         return ops.where(ops.greater(y, x), y, x)  # ties, NaN: x
-    if constant_scalar(x) is not None:
-        return _maximum(y, x)
     tie = ops.where(ops.equal(x, _constant_like(x, 0)), ops.add(x, y), x)  # -0 + +0 is +0
     tie_or_nan = ops.where(ops.is_nan(y), y, tie)
     return ops.where(ops.greater(x, y), x, ops.where(ops.greater(y, x), y, tie_or_nan))
 
 
 def _minimum(x, y):
-    c = constant_scalar(y)
-    if c is not None and not np.isnan(c) and constant_scalar(x) is None:
+    c, other = constant_scalar(y), constant_scalar(x)
+    if other is not None and c is None and not np.isnan(other):
+        return _minimum(y, x)  # the constant second
+    if c is not None and other is None and not np.isnan(c):
         if c == 0 and np.signbit(c):  # -0.0 also where x is +0.0
             return ops.where(ops.greater(y, x), x, ops.where(ops.is_nan(x), x, y))
         return ops.where(ops.greater(x, y), y, x)  # ties, NaN: x
-    if constant_scalar(x) is not None:
-        return _minimum(y, x)
     # -(-0 + -(+0)) is -0: the sum of the negated zeros, negated
     both_zero = ops.negate(ops.add(ops.negate(x), ops.negate(y)))
     tie = ops.where(ops.equal(x, _constant_like(x, 0)), both_zero, x)
