@@ -128,7 +128,9 @@ def lower_neg(ctx, x):
     return ops.negate(x)
 
 
-def _comparison(name, float_op, other_op, swap=False):
+def _by_dtype(name, float_op, other_op, swap=False):
+    """A binary rule: float_op on float operands, other_op on the others."""
+
     def lower(ctx, x, y):
         op = float_op if is_float(ctx.avals_in[0].dtype) else other_op
         return op(y, x) if swap else op(x, y)
@@ -140,12 +142,12 @@ def _comparison(name, float_op, other_op, swap=False):
 # MAX's `greater` is ordered (false for NaN) and folds x > x to false, as IEEE
 # does; `greater_equal` folds x >= x to true, so it gets the NaN test.
 _ORDERED_GE = nan.ordered(ops.greater_equal)
-rules.register(P.eq_p)(_comparison("eq", nan.equal, ops.equal))
-rules.register(P.ne_p)(_comparison("ne", nan.not_equal, ops.not_equal))
-rules.register(P.gt_p)(_comparison("gt", ops.greater, ops.greater))
-rules.register(P.ge_p)(_comparison("ge", _ORDERED_GE, ops.greater_equal))
-rules.register(P.lt_p)(_comparison("lt", ops.greater, ops.greater, swap=True))
-rules.register(P.le_p)(_comparison("le", _ORDERED_GE, ops.greater_equal, swap=True))
+rules.register(P.eq_p)(_by_dtype("eq", nan.equal, ops.equal))
+rules.register(P.ne_p)(_by_dtype("ne", nan.not_equal, ops.not_equal))
+rules.register(P.gt_p)(_by_dtype("gt", ops.greater, ops.greater))
+rules.register(P.ge_p)(_by_dtype("ge", _ORDERED_GE, ops.greater_equal))
+rules.register(P.lt_p)(_by_dtype("lt", ops.greater, ops.greater, swap=True))
+rules.register(P.le_p)(_by_dtype("le", _ORDERED_GE, ops.greater_equal, swap=True))
 
 
 @rules.register(P.abs_p)
@@ -267,44 +269,36 @@ def _float_rem(ctx, x, y):
 # `greater` (ordered: false for NaN) and `is_nan`, which MAX keeps exact.
 
 
-def _maximum(x, y):
+def _extremum(x, y, beats, critical_zero_negative, zero_tie):
+    """max or min of floats. `beats(a, b)`: a wins over b; the critical zero
+    (+0.0 for max, -0.0 for min) wins a tie with the other zero, which
+    `zero_tie` computes for two zeros."""
     c, other = constant_scalar(y), constant_scalar(x)
     if other is not None and c is None and not np.isnan(other):
-        return _maximum(y, x)  # the constant second
+        return _extremum(y, x, beats, critical_zero_negative, zero_tie)  # the constant second
     if c is not None and other is None and not np.isnan(c):
-        if c == 0 and not np.signbit(c):  # relu: +0.0 also where x is -0.0
-            return ops.where(ops.greater(x, y), x, ops.where(ops.is_nan(x), x, y))
-        return ops.where(ops.greater(y, x), y, x)  # ties, NaN: x
-    tie = ops.where(ops.equal(x, _constant_like(x, 0)), ops.add(x, y), x)  # -0 + +0 is +0
+        if c == 0 and np.signbit(c) == critical_zero_negative:  # relu: +0.0 for -0.0 too
+            return ops.where(beats(x, y), x, ops.where(ops.is_nan(x), x, y))
+        return ops.where(beats(y, x), y, x)  # ties, NaN: x
+    tie = ops.where(ops.equal(x, _constant_like(x, 0)), zero_tie(x, y), x)
     tie_or_nan = ops.where(ops.is_nan(y), y, tie)
-    return ops.where(ops.greater(x, y), x, ops.where(ops.greater(y, x), y, tie_or_nan))
+    return ops.where(beats(x, y), x, ops.where(beats(y, x), y, tie_or_nan))
 
 
-def _minimum(x, y):
-    c, other = constant_scalar(y), constant_scalar(x)
-    if other is not None and c is None and not np.isnan(other):
-        return _minimum(y, x)  # the constant second
-    if c is not None and other is None and not np.isnan(c):
-        if c == 0 and np.signbit(c):  # -0.0 also where x is +0.0
-            return ops.where(ops.greater(y, x), x, ops.where(ops.is_nan(x), x, y))
-        return ops.where(ops.greater(x, y), y, x)  # ties, NaN: x
+def maximum(x, y):
+    """XLA's max of float MAX values (also for other packs' rules)."""
+    return _extremum(x, y, ops.greater, False, ops.add)  # -0 + +0 is +0
+
+
+def minimum(x, y):
+    """XLA's min of float MAX values."""
     # -(-0 + -(+0)) is -0: the sum of the negated zeros, negated
-    both_zero = ops.negate(ops.add(ops.negate(x), ops.negate(y)))
-    tie = ops.where(ops.equal(x, _constant_like(x, 0)), both_zero, x)
-    tie_or_nan = ops.where(ops.is_nan(y), y, tie)
-    return ops.where(ops.greater(y, x), x, ops.where(ops.greater(x, y), y, tie_or_nan))
+    return _extremum(x, y, lambda a, b: ops.greater(b, a), True,
+                     lambda a, b: ops.negate(ops.add(ops.negate(a), ops.negate(b))))
 
 
-def _float_aware(name, float_op, other_op):
-    def lower(ctx, x, y):
-        return (float_op if is_float(ctx.avals_in[0].dtype) else other_op)(x, y)
-
-    lower.__qualname__ = lower.__name__ = f"lower_{name}"
-    return lower
-
-
-lower_max = rules.register(P.max_p)(_float_aware("max", _maximum, ops.max))
-lower_min = rules.register(P.min_p)(_float_aware("min", _minimum, ops.min))
+lower_max = rules.register(P.max_p)(_by_dtype("max", maximum, ops.max))
+lower_min = rules.register(P.min_p)(_by_dtype("min", minimum, ops.min))
 
 
 @rules.register(P.clamp_p)

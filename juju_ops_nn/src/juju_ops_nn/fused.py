@@ -23,6 +23,7 @@ from juju import primitives as P
 from juju._compat import open_jaxpr
 from juju.dtypes import is_float
 from juju.patterns import Any, Lit, Op, Opt, X, is_number, near, positive
+from juju_ops_lax.elementwise import maximum
 from juju_ops_nn.patterns import Pattern, nn_fused_p, rewrite_closed_jaxpr
 
 rules = RuleSet()
@@ -305,10 +306,9 @@ def _unary_call(ctx) -> bool:
 
 
 def _relu(x):
-    # As XLA's max(x, 0): NaN stays NaN and -0.0 becomes +0.0. MAX's relu
+    # XLA's max(x, 0): NaN stays NaN and -0.0 becomes +0.0. MAX's relu
     # drops NaN (its kernels assume none) and keeps -0.0 in some lanes.
-    zero = ops.constant(0, x.dtype, device=x.device)
-    return ops.where(ops.greater(x, zero), x, ops.where(ops.is_nan(x), x, zero))
+    return maximum(x, ops.constant(0, x.dtype, device=x.device))
 
 
 def _silu(x):
