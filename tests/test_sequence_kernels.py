@@ -21,6 +21,7 @@ from jax import lax
 
 import juju
 from juju import primitives as P
+from juju.jit import to_numpy
 from tests.util import assert_same, packs_blocked, selected
 
 rng = np.random.default_rng(11)
@@ -71,7 +72,7 @@ def top_ks(x, rows, ints):
     }
 
 
-def cumulatives(x, cube, ints, halves, long):
+def cumulatives(x, cube, ints, halves, long, tiny):
     out = {}
     for name, op in (("cumsum", lax.cumsum), ("cumprod", lax.cumprod), ("cummax", lax.cummax),
                      ("cummin", lax.cummin), ("cumlogsumexp", lax.cumlogsumexp)):
@@ -84,6 +85,10 @@ def cumulatives(x, cube, ints, halves, long):
     out["int_cumprod"] = lax.cumprod(ints[:12])
     out["halves"] = lax.cumsum(halves)
     out["long"] = jnp.cumsum(long)
+    # bfloat16 and float32 partial sums and inputs below float32's smallest
+    # normal: XLA computes in float32 with denormals flushed, so they read
+    # and land as 0
+    out["denormals"] = [lax.cumsum(tiny, axis=1), lax.cumsum(tiny.astype(jnp.float32), axis=1)]
     return out
 
 
@@ -120,7 +125,13 @@ CASES = {
         np.where(np.isfinite(F(301)), 1 + 0.01 * F(301), F(301)).astype(np.float32),
         rng.standard_normal((3, 17, 5)).astype(np.float32), _ints(300),
         rng.standard_normal(300).astype(np.float16),
-        rng.standard_normal(65536).astype(np.float32))),
+        rng.standard_normal(65536).astype(np.float32),
+        # multiples of 2**-128 (float32's smallest normal is 2**-126), exact
+        # in bfloat16; rows of three, summed forward, where XLA's order of
+        # summation is the kernel's (which partial sums are flushed depends
+        # on it: in reverse, XLA still adds left to right)
+        (np.array([[6, -5, 4], [1, 6, -3], [-5, 4, 7], [8, -7, -1], [3, 2, 5]], np.float32)
+         * np.float32(2.0**-128)).astype(jnp.bfloat16))),
 }
 
 
@@ -155,6 +166,11 @@ def test_matches_jax(compiled, rules, name):
         # float64 running sum round differently
         assert_same(got.pop("long"), expected.pop("long"), rtol=1e-4, atol=2e-3)
         assert_same(got.pop("halves"), expected.pop("halves"), rtol=2e-2, atol=5e-2)
+        for a, e in zip(got.pop("denormals"), expected.pop("denormals")):
+            a, e = to_numpy(a).astype(np.float32), np.asarray(e).astype(np.float32)
+            # exactly (a denormal is within any atol); the sign of a zero
+            # depends on the order of summation, as in a reduction
+            np.testing.assert_array_equal(a, e)
     assert_same(got, expected)
 
 

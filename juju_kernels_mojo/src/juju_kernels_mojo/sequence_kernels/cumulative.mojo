@@ -59,6 +59,26 @@ def _identity[kind: Int, dtype: DType]() -> Scalar[dtype]:
             return Scalar[dtype].MAX
 
 
+# A wide (float64) running sum of float32 or narrower values behaves as
+# XLA's float32 arithmetic with denormals flushed (the processor's modes in
+# MAX's CPU tasks, and in XLA's): a bfloat16 denormal input reads as zero
+# (bfloat16 widens in software, so through float32), and a partial sum
+# below float32's smallest normal becomes a zero of its sign.
+@always_inline
+def _widen[acc: DType, dtype: DType](x: Scalar[dtype]) -> Scalar[acc]:
+    comptime if dtype == DType.bfloat16:
+        return x.cast[DType.float32]().cast[acc]()
+    else:
+        return x.cast[acc]()
+
+
+@always_inline
+def _flush_below_float32[acc: DType](x: Scalar[acc]) -> Scalar[acc]:
+    if abs(x) < Scalar[acc](1.1754943508222875e-38):  # float32's smallest normal
+        return x * 0
+    return x
+
+
 @register("juju_cumulative")
 struct Cumulative[kind: Int, reverse: Bool]:
     """Output [pre, n, post]: the running reduction of x along axis 1."""
@@ -87,9 +107,11 @@ struct Cumulative[kind: Int, reverse: Bool]:
                 var i = n - 1 - step if Self.reverse else step
                 var row = i * post
                 for c in range(post):
-                    var t = _combine[Self.kind, acc](
-                        total[c], src[unsafe_offset=row + c].cast[acc]()
-                    )
+                    var t: Scalar[acc]
+                    comptime if wide:
+                        t = _flush_below_float32(total[c] + _widen[acc](src[unsafe_offset=row + c]))
+                    else:
+                        t = _combine[Self.kind, acc](total[c], src[unsafe_offset=row + c].cast[acc]())
                     total[c] = t
                     dst[unsafe_offset=row + c] = t.cast[dtype]()
 
