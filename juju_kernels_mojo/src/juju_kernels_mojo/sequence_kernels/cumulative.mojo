@@ -66,7 +66,7 @@ def _identity[kind: Int, dtype: DType]() -> Scalar[dtype]:
 # below float32's smallest normal becomes a zero of its sign.
 @always_inline
 def _widen[acc: DType, dtype: DType](x: Scalar[dtype]) -> Scalar[acc]:
-    comptime if dtype == DType.bfloat16:
+    comptime if dtype == DType.bfloat16 and acc == DType.float64:
         return x.cast[DType.float32]().cast[acc]()
     else:
         return x.cast[acc]()
@@ -107,11 +107,9 @@ struct Cumulative[kind: Int, reverse: Bool]:
                 var i = n - 1 - step if Self.reverse else step
                 var row = i * post
                 for c in range(post):
-                    var t: Scalar[acc]
+                    var t = _combine[Self.kind, acc](total[c], _widen[acc](src[unsafe_offset=row + c]))
                     comptime if wide:
-                        t = _flush_below_float32(total[c] + _widen[acc](src[unsafe_offset=row + c]))
-                    else:
-                        t = _combine[Self.kind, acc](total[c], src[unsafe_offset=row + c].cast[acc]())
+                        t = _flush_below_float32(t)
                     total[c] = t
                     dst[unsafe_offset=row + c] = t.cast[dtype]()
 
