@@ -150,6 +150,26 @@ collect("iota", with_shape(st.lists(st.integers(1, 4), min_size=2, max_size=2)),
         lambda x: x + lax.broadcasted_iota(F32, x.shape, 1))
 
 
+# pad: edges of either sign and interior padding, in one draw per example
+# (the padding config is static, so each example brings its own function).
+pad_dims = st.tuples(st.integers(1, 4), st.integers(-3, 3), st.integers(-3, 3), st.integers(0, 2))
+
+
+@settings(SETTINGS, max_examples=12)
+@given(st.lists(pad_dims, min_size=1, max_size=3)
+       .filter(lambda dims: all(lo + hi + n + (n - 1) * interior >= 0
+                                for n, lo, hi, interior in dims)),
+       st.sampled_from([F32, I32, np.bool_]), st.data())
+def _draw_pads(dims, dtype, data):
+    config = tuple((lo, hi, interior) for _, lo, hi, interior in dims)
+    x = data.draw(arrays(dtype, tuple(n for n, *_ in dims)))
+    fill = data.draw(arrays(dtype, ()))  # a traced padding value
+    CASES.append((f"pad_{np.dtype(dtype).name}[{len(CASES)}]",
+                  lambda x, fill, c=config: lax.pad(x, fill, c), (x, fill)))
+
+
+_draw_pads()
+
 # --- one graph for all of them ---------------------------------------------------
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from max.graph import ops
+from max.graph import DeviceRef, ops
 
 from juju import RuleSet
 from juju import primitives as P
@@ -117,47 +117,33 @@ def lower_rev(ctx, x, *, dimensions):
 
 @rules.register(P.pad_p)
 def lower_pad(ctx, x, padding_value, *, padding_config):
-    """Interior padding by interleaving, then edges: negative ones slice."""
+    """Interior padding first, as a pad of a unit axis after each spread axis
+    that a reshape merges into it; then the edges: negative ones slice,
+    positive ones pad. Two MAX pads at most: a concat per axis was ~15x
+    slower than XLA's pad on an average pool's gradient."""
     shape = list(ctx.avals_in[0].shape)
     out_shape = list(ctx.aval_out.shape)
-    if math.prod(out_shape) == 0:
+    if math.prod(out_shape) == 0 or math.prod(shape) == 0:
         return ops.broadcast_to(padding_value, out_shape)
-    if math.prod(shape) == 0:
-        return ops.broadcast_to(padding_value, out_shape)
-
-    def fill(shape_):
-        return ops.broadcast_to(padding_value, shape_)
-
-    for d, config in enumerate(padding_config):
-        lo, hi, interior = (int(v) for v in config)  # grads emit np.int64 here
-        n = shape[d]
-        if interior > 0 and n > 1:
-            # (..., n, 1, ...) ++ (..., n, interior, ...) -> (..., n*(1+interior), ...)
-            expanded = shape[:d + 1] + [1] + shape[d + 1:]
-            pad_shape = shape[:d + 1] + [interior] + shape[d + 1:]
-            x = ops.concat([ops.reshape(x, expanded), fill(pad_shape)], axis=d + 1)
-            full = n * (1 + interior)
-            x = ops.reshape(x, shape[:d] + [full] + shape[d + 1:])
-            n = full - interior
-            x = ops.slice_tensor(x, [slice(None)] * d + [slice(0, n)])
-            shape[d] = n
-        if lo < 0:
-            x = ops.slice_tensor(x, [slice(None)] * d + [slice(-lo, n)])
-            n += lo
-            shape[d] = n
-        if hi < 0:
-            x = ops.slice_tensor(x, [slice(None)] * d + [slice(0, n + hi)])
-            n += hi
-            shape[d] = n
-        parts = []
-        if lo > 0:
-            parts.append(fill(shape[:d] + [lo] + shape[d + 1:]))
-        if n > 0:
-            parts.append(x)
-        if hi > 0:
-            parts.append(fill(shape[:d] + [hi] + shape[d + 1:]))
-        shape[d] = max(lo, 0) + n + max(hi, 0)
-        x = parts[0] if len(parts) == 1 else ops.concat(parts, axis=d)
+    fill = padding_value if ctx.device.is_cpu() else ops.transfer_to(padding_value, DeviceRef.CPU())
+    config = [tuple(int(v) for v in c) for c in padding_config]  # grads emit np.int64
+    # An axis of n > 1 spread by `interior` gets n * (1 + interior) cells, the
+    # last `interior` of them past its last element: they come off `hi`.
+    spread = [interior if n > 1 else 0 for n, (_, _, interior) in zip(shape, config)]
+    if any(spread):
+        # (.., n, ..) -> (.., n, 1, ..) -> (.., n, 1 + interior, ..) -> (.., n * (1 + interior), ..)
+        expanded = [m for n, s in zip(shape, spread) for m in ((n, 1) if s else (n,))]
+        pads = [p for s in spread for p in ((0, 0, 0, s) if s else (0, 0))]
+        shape = [n * (1 + s) for n, s in zip(shape, spread)]
+        x = ops.reshape(ops.pad(ops.reshape(x, expanded), pads, value=fill), shape)
+    edges = [(lo, hi - s) for (lo, hi, _), s in zip(config, spread)]
+    if any(n + min(lo, 0) + min(hi, 0) <= 0 for n, (lo, hi) in zip(shape, edges)):
+        return ops.broadcast_to(padding_value, out_shape)  # every element cut away
+    if any(lo < 0 or hi < 0 for lo, hi in edges):
+        x = ops.slice_tensor(x, [slice(-min(lo, 0), n + min(hi, 0))
+                                 for n, (lo, hi) in zip(shape, edges)])
+    if any(lo > 0 or hi > 0 for lo, hi in edges):
+        x = ops.pad(x, [p for lo, hi in edges for p in (max(lo, 0), max(hi, 0))], value=fill)
     return x
 
 
