@@ -1,4 +1,4 @@
-"""sort, top_k, the cumulative reductions and scatter against jax.jit.
+"""sort, top_k, the cumulative reductions, scatter and concatenate against jax.jit.
 
 juju-kernels-mojo's CPU kernels (sequence_rules.py): the radix sort's and
 the insertion sort's lengths, NaN/-0.0/+0.0/inf and ties (stability),
@@ -6,9 +6,10 @@ several operands and sort keys, every dtype family, sorting along a middle
 axis; top_k's one-pass and sort paths, batches, XLA's total order; every
 cumulative reduction forwards and reversed along each axis, integer
 wrap-around, float16, a long float32 sum; scatters with duplicate
-indices, windows, NaNs and dropped or clipped updates. Also juju_ops_lax's graph
-rules (what GPU graphs use) with the mojo pack blocked. All graphs compile
-in ONE MAX compilation.
+indices, windows, NaNs and dropped or clipped updates; concatenation along
+each axis, of every dtype family, of many parts and of rows copied in
+parallel. Also juju_ops_lax's graph rules (what GPU graphs use) with the
+mojo pack blocked. All graphs compile in ONE MAX compilation.
 """
 
 from __future__ import annotations
@@ -107,6 +108,24 @@ def scatters(x, index, values, rows, ints):
     }
 
 
+def concatenations(x, cube, ints, flags, halves, wide):
+    return {
+        # parts of unequal sizes along each axis of a cube (NaN, -0.0, inf)
+        "axis0": jnp.concatenate([cube, cube[:1] * 2, cube], axis=0),
+        "axis1": jnp.concatenate([cube, cube[:, :1]], axis=1),
+        "axis2": jnp.concatenate([cube[..., :2], cube, cube[..., 4:] * 2], axis=2),
+        "ints": jnp.concatenate([ints[:7], ints, ints[:1]]),
+        "bools": jnp.concatenate([flags.reshape(4, 25), ~flags.reshape(4, 25)[:, :3]], axis=1),
+        "halves": jnp.concatenate([halves, halves.astype(jnp.bfloat16).astype(halves.dtype)]),
+        "bfloat16": jnp.concatenate([halves.astype(jnp.bfloat16)] * 3),
+        "int8": jnp.concatenate([ints.astype(jnp.int8), ints[:5].astype(jnp.int8)]),
+        "stack": jnp.stack([x[i:i + 20] for i in range(9)], axis=1),  # nine parts
+        "empty_part": jnp.concatenate([x[:0], x[:5]]),  # lax's rule: a part has no elements
+        # rows in several tasks (65536 elements each, at least)
+        "wide": jnp.concatenate([wide, -wide[:, :100], wide], axis=1),
+    }
+
+
 def _ints(n, low=-2**31, high=2**31 - 1):
     return rng.integers(low, high, n, dtype=np.int64).astype(np.int32)
 
@@ -120,6 +139,9 @@ CASES = {
                       rng.random(100) < 0.5, F(200, np.float16),
                       _ints(500, 0, 3), _ints(500, 0, 4))),
     "top_k": (top_ks, (F(1000), F(4 * 50).reshape(4, 50), _ints(700, -20, 20))),
+    "concatenate": (concatenations, (F(40), F(3 * 4 * 5).reshape(3, 4, 5), _ints(30),
+                                     rng.random(100) < 0.5, F(50, np.float16),
+                                     rng.standard_normal((300, 250)).astype(np.float32))),
     "cumulative": (cumulatives, (
         # cumprod of many values over/underflows: keep them near 1
         np.where(np.isfinite(F(301)), 1 + 0.01 * F(301), F(301)).astype(np.float32),
@@ -139,7 +161,8 @@ def lax_rules(x, cube):
     """juju_ops_lax's graph rules of the same primitives (the GPU's)."""
     return {"sort": jnp.sort(x), "argsort": jnp.argsort(x), "top_k": lax.top_k(x, 5),
             "cumsum": [lax.cumsum(cube, axis=a, reverse=True) for a in range(3)],
-            "cummax": lax.cummax(x), "scatter_add": jnp.zeros(10).at[(x * 3).astype(int)].add(x)}
+            "cummax": lax.cummax(x), "scatter_add": jnp.zeros(10).at[(x * 3).astype(int)].add(x),
+            "concatenate": jnp.concatenate([cube, cube[:, :2]], axis=1)}
 
 
 LAX_CASES = {"lax_rules": (lax_rules, (F(100), rng.standard_normal((3, 7, 5)).astype(np.float32)))}
@@ -180,10 +203,11 @@ def test_kernels_lower_sorting_and_scans():
     x = special_floats(50)
     chosen = {(c.primitive, c.pack) for c in juju.explain(
         lambda x: (jnp.sort(x), lax.top_k(x, 3), jnp.cumsum(x), lax.cummax(x),
-                   x.at[jnp.arange(3)].add(1.0)), x)
-        if c.primitive in ("sort", "top_k", "cumsum", "cummax", "scatter-add", "scatter_add")}
+                   x.at[jnp.arange(3)].add(1.0), jnp.concatenate([x, x])), x)
+        if c.primitive in ("sort", "top_k", "cumsum", "cummax", "scatter-add", "scatter_add",
+                           "concatenate")}
     assert chosen == {("sort", "mojo"), ("top_k", "mojo"), ("cumsum", "mojo"), ("cummax", "mojo"),
-                      (P.scatter_add_p.name, "mojo")}
+                      (P.scatter_add_p.name, "mojo"), ("concatenate", "mojo")}
     complex_packs = {c.pack for c in juju.explain(jnp.cumsum, x.astype(np.complex64))
                      if c.primitive == "cumsum"}
     assert complex_packs == {"lax"}

@@ -1,2 +1,2 @@
 # juju-kernels-mojo's sequence kernels (sort, top_k, cumulative reductions,
-# scatter): every @register in this package is found by MAX.
+# scatter, concatenate): every @register in this package is found by MAX.
