@@ -113,14 +113,17 @@ def concatenations(x, cube, ints, flags, halves, wide):
         # parts of unequal sizes along each axis of a cube (NaN, -0.0, inf)
         "axis0": jnp.concatenate([cube, cube[:1] * 2, cube], axis=0),
         "axis1": jnp.concatenate([cube, cube[:, :1]], axis=1),
-        "axis2": jnp.concatenate([cube[..., :2], cube, cube[..., 4:] * 2], axis=2),
+        "axis2": jnp.concatenate([cube[..., :2], cube, cube[..., 37:] * 2], axis=2),
         "ints": jnp.concatenate([ints[:7], ints, ints[:1]]),
-        "bools": jnp.concatenate([flags.reshape(4, 25), ~flags.reshape(4, 25)[:, :3]], axis=1),
+        "bools": jnp.concatenate([flags.reshape(700, 100), ~flags.reshape(700, 100)[:, :3]],
+                                 axis=1),
         "halves": jnp.concatenate([halves, halves.astype(jnp.bfloat16).astype(halves.dtype)]),
         "bfloat16": jnp.concatenate([halves.astype(jnp.bfloat16)] * 3),
-        "int8": jnp.concatenate([ints.astype(jnp.int8), ints[:5].astype(jnp.int8)]),
-        "stack": jnp.stack([x[i:i + 20] for i in range(9)], axis=1),  # nine parts
-        "empty_part": jnp.concatenate([x[:0], x[:5]]),  # lax's rule: a part has no elements
+        "int8": jnp.concatenate([ints.astype(jnp.int8)] * 4),
+        "stack": jnp.stack([x[i:i + 2000] for i in range(9)], axis=1),  # nine parts
+        # lax's rule: a part without elements, a small result
+        "empty_part": jnp.concatenate([x[:0], x]),
+        "small": jnp.concatenate([x[:5], ints[:3].astype(x.dtype)]),
         # rows in several tasks (65536 elements each, at least)
         "wide": jnp.concatenate([wide, -wide[:, :100], wide], axis=1),
     }
@@ -139,8 +142,10 @@ CASES = {
                       rng.random(100) < 0.5, F(200, np.float16),
                       _ints(500, 0, 3), _ints(500, 0, 4))),
     "top_k": (top_ks, (F(1000), F(4 * 50).reshape(4, 50), _ints(700, -20, 20))),
-    "concatenate": (concatenations, (F(40), F(3 * 4 * 5).reshape(3, 4, 5), _ints(30),
-                                     rng.random(100) < 0.5, F(50, np.float16),
+    # results of 64 KiB or more (smaller ones stay with MAX's concat)
+    "concatenate": (concatenations, (F(8000), F(20 * 30 * 40).reshape(20, 30, 40),
+                                     _ints(20000), rng.random(70000) < 0.5,
+                                     F(40000, np.float16),
                                      rng.standard_normal((300, 250)).astype(np.float32))),
     "cumulative": (cumulatives, (
         # cumprod of many values over/underflows: keep them near 1
@@ -202,8 +207,9 @@ def test_kernels_lower_sorting_and_scans():
     to lax's rules."""
     x = special_floats(50)
     chosen = {(c.primitive, c.pack) for c in juju.explain(
-        lambda x: (jnp.sort(x), lax.top_k(x, 3), jnp.cumsum(x), lax.cummax(x),
-                   x.at[jnp.arange(3)].add(1.0), jnp.concatenate([x, x])), x)
+        lambda x, big: (jnp.sort(x), lax.top_k(x, 3), jnp.cumsum(x), lax.cummax(x),
+                        x.at[jnp.arange(3)].add(1.0), jnp.concatenate([big, big])),
+        x, special_floats(1 << 14))
         if c.primitive in ("sort", "top_k", "cumsum", "cummax", "scatter-add", "scatter_add",
                            "concatenate")}
     assert chosen == {("sort", "mojo"), ("top_k", "mojo"), ("cumsum", "mojo"), ("cummax", "mojo"),

@@ -174,8 +174,15 @@ def lower_scatter(ctx, operand, indices, updates, *, update_jaxpr, update_consts
     return ops.reshape(out, shape)
 
 
+# Smaller results stay with MAX's concat: a few microseconds at most, fusable
+# with its neighbours, and no kernel library for the graph to build and load.
+_CONCAT_MIN_BYTES = 1 << 16
+
+
 def _concatenate_supported(ctx) -> bool:
-    return cpu_real(ctx) and len(ctx.avals_in) > 1
+    out = ctx.aval_out
+    return (cpu_real(ctx) and len(ctx.avals_in) > 1
+            and math.prod(out.shape) * np.dtype(out.dtype).itemsize >= _CONCAT_MIN_BYTES)
 
 
 @_register(P.concatenate_p, guard=_concatenate_supported)
