@@ -12,8 +12,8 @@ operand with a slot for dropped updates and calls MAX's scatter_nd, about 4x
 slower than XLA for 65536 updates); concatenate copies rows with memcpy
 (MAX's concat loads element by element, 5-15x slower than XLA's on a few
 MB). Registered at `Priority.KERNEL` for CPU graphs of real (non-complex)
-dtypes; the GPU keeps lax's rules. Their own library, `juju_sequence`, so graphs that use none of
-them keep their cache keys when it changes.
+dtypes; the GPU keeps lax's rules. Their own library, `juju_sequence`, so
+graphs that use none of them keep their cache keys when it changes.
 """
 
 from __future__ import annotations
