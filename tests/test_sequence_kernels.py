@@ -157,7 +157,10 @@ CASES = {
         # in bfloat16; rows of three, summed forward, where XLA's order of
         # summation is the kernel's (which partial sums are flushed depends
         # on it: in reverse, XLA still adds left to right)
-        (np.array([[6, -5, 4], [1, 6, -3], [-5, 4, 7], [8, -7, -1], [3, 2, 5]], np.float32)
+        # (below 4 the values are denormals: they read as zeros of their
+        # sign, so 0 + -1 is +0.0, fuzzing seed 38's bfloat16 program)
+        (np.array([[6, -5, 4], [1, 6, -3], [-5, 4, 7], [8, -7, -1], [3, 2, 5], [0, -1, 1],
+                   [-1, -1, 2], [0, -1, 300]], np.float32)
          * np.float32(2.0**-128)).astype(jnp.bfloat16))),
 }
 
@@ -196,9 +199,9 @@ def test_matches_jax(compiled, rules, name):
         assert_same(got.pop("halves"), expected.pop("halves"), rtol=2e-2, atol=5e-2)
         for a, e in zip(got.pop("denormals"), expected.pop("denormals")):
             a, e = to_numpy(a).astype(np.float32), np.asarray(e).astype(np.float32)
-            # exactly (a denormal is within any atol); the sign of a zero
-            # depends on the order of summation, as in a reduction
+            # exactly, signs of zeros included (a denormal is within any atol)
             np.testing.assert_array_equal(a, e)
+            np.testing.assert_array_equal(np.signbit(a), np.signbit(e))
     assert_same(got, expected)
 
 

@@ -61,17 +61,10 @@ def _identity[kind: Int, dtype: DType]() -> Scalar[dtype]:
 
 # A wide (float64) running sum of float32 or narrower values behaves as
 # XLA's float32 arithmetic with denormals flushed (the processor's modes in
-# MAX's CPU tasks, and in XLA's): a bfloat16 denormal input reads as zero
-# (bfloat16 widens in software, so through float32), and a partial sum
-# below float32's smallest normal becomes a zero of its sign.
-@always_inline
-def _widen[acc: DType, dtype: DType](x: Scalar[dtype]) -> Scalar[acc]:
-    comptime if dtype == DType.bfloat16 and acc == DType.float64:
-        return x.cast[DType.float32]().cast[acc]()
-    else:
-        return x.cast[acc]()
-
-
+# XLA's CPU code): an input below float32's smallest normal reads as a zero
+# of its sign, so 0 + -denormal is +0.0 (widening does not flush it: the
+# cast to float64 keeps a float32 denormal, bfloat16 widens in software),
+# and a partial sum below it becomes a zero of its sign.
 @always_inline
 def _flush_below_float32[acc: DType](x: Scalar[acc]) -> Scalar[acc]:
     if abs(x) < Scalar[acc](1.1754943508222875e-38):  # float32's smallest normal
@@ -107,7 +100,10 @@ struct Cumulative[kind: Int, reverse: Bool]:
                 var i = n - 1 - step if Self.reverse else step
                 var row = i * post
                 for c in range(post):
-                    var t = _combine[Self.kind, acc](total[c], _widen[acc](src[unsafe_offset=row + c]))
+                    var v = src[unsafe_offset=row + c].cast[acc]()
+                    comptime if wide:
+                        v = _flush_below_float32(v)
+                    var t = _combine[Self.kind, acc](total[c], v)
                     comptime if wide:
                         t = _flush_below_float32(t)
                     total[c] = t
