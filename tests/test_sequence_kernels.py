@@ -154,11 +154,11 @@ CASES = {
         rng.standard_normal(300).astype(np.float16),
         rng.standard_normal(65536).astype(np.float32),
         # multiples of 2**-128 (float32's smallest normal is 2**-126), exact
-        # in bfloat16; rows of three, summed forward, where XLA's order of
-        # summation is the kernel's (which partial sums are flushed depends
-        # on it: in reverse, XLA still adds left to right)
-        # (below 4 the values are denormals: they read as zeros of their
-        # sign, so 0 + -1 is +0.0, fuzzing seed 38's bfloat16 program)
+        # in bfloat16; below 4 they are denormals, which read as zeros of
+        # their sign (0 + -1 is +0.0: fuzzing seed 38's bfloat16 program).
+        # Rows of three, summed forward, where XLA's order of summation is
+        # the kernel's (which partial sums are flushed depends on it: in
+        # reverse, XLA still adds left to right)
         (np.array([[6, -5, 4], [1, 6, -3], [-5, 4, 7], [8, -7, -1], [3, 2, 5], [0, -1, 1],
                    [-1, -1, 2], [0, -1, 300]], np.float32)
          * np.float32(2.0**-128)).astype(jnp.bfloat16))),

@@ -189,8 +189,9 @@ def _concatenate_supported(ctx) -> bool:
 def lower_concatenate(ctx, *xs, dimension):
     # Each part as [rows, columns]: the axes before `dimension` are the rows.
     rows = math.prod(ctx.aval_out.shape[:dimension])
-    parts = [ops.reshape(x, [rows, math.prod(a.shape) // rows]) for x, a in zip(xs, ctx.avals_in)]
-    columns = math.prod(ctx.aval_out.shape) // rows
+    parts = [ops.reshape(x, [rows, math.prod(a.shape[dimension:])])
+             for x, a in zip(xs, ctx.avals_in)]
+    columns = math.prod(ctx.aval_out.shape[dimension:])
     (out,) = call_kernel(ctx, "juju_concat_rows", *parts,
                          out_avals=[ShapeDtypeStruct((rows, columns), ctx.aval_out.dtype)])
     return ops.reshape(out, list(ctx.aval_out.shape))

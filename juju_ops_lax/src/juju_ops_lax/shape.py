@@ -122,26 +122,24 @@ def lower_pad(ctx, x, padding_value, *, padding_config):
     positive ones pad. Two MAX pads at most: a concat per axis was ~15x
     slower than XLA's pad on an average pool's gradient."""
     shape = list(ctx.avals_in[0].shape)
-    out_shape = list(ctx.aval_out.shape)
-    if math.prod(out_shape) == 0 or math.prod(shape) == 0:
-        return ops.broadcast_to(padding_value, out_shape)
-    fill = padding_value if ctx.device.is_cpu() else ops.transfer_to(padding_value, DeviceRef.CPU())
     config = [tuple(int(v) for v in c) for c in padding_config]  # grads emit np.int64
     # An axis of n > 1 spread by `interior` gets n * (1 + interior) cells, the
     # last `interior` of them past its last element: they come off `hi`.
     spread = [interior if n > 1 else 0 for n, (_, _, interior) in zip(shape, config)]
+    spread_shape = [n * (1 + s) for n, s in zip(shape, spread)]
+    edges = [(lo, hi - s) for (lo, hi, _), s in zip(config, spread)]
+    if any(n + min(lo, 0) + min(hi, 0) <= 0 for n, (lo, hi) in zip(spread_shape, edges)):
+        # no element left (an empty operand or result among them): all padding
+        return ops.broadcast_to(padding_value, list(ctx.aval_out.shape))
+    fill = padding_value if ctx.device.is_cpu() else ops.transfer_to(padding_value, DeviceRef.CPU())
     if any(spread):
         # (.., n, ..) -> (.., n, 1, ..) -> (.., n, 1 + interior, ..) -> (.., n * (1 + interior), ..)
         expanded = [m for n, s in zip(shape, spread) for m in ((n, 1) if s else (n,))]
         pads = [p for s in spread for p in ((0, 0, 0, s) if s else (0, 0))]
-        shape = [n * (1 + s) for n, s in zip(shape, spread)]
-        x = ops.reshape(ops.pad(ops.reshape(x, expanded), pads, value=fill), shape)
-    edges = [(lo, hi - s) for (lo, hi, _), s in zip(config, spread)]
-    if any(n + min(lo, 0) + min(hi, 0) <= 0 for n, (lo, hi) in zip(shape, edges)):
-        return ops.broadcast_to(padding_value, out_shape)  # every element cut away
+        x = ops.reshape(ops.pad(ops.reshape(x, expanded), pads, value=fill), spread_shape)
     if any(lo < 0 or hi < 0 for lo, hi in edges):
         x = ops.slice_tensor(x, [slice(-min(lo, 0), n + min(hi, 0))
-                                 for n, (lo, hi) in zip(shape, edges)])
+                                 for n, (lo, hi) in zip(spread_shape, edges)])
     if any(lo > 0 or hi > 0 for lo, hi in edges):
         x = ops.pad(x, [p for lo, hi in edges for p in (max(lo, 0), max(hi, 0))], value=fill)
     return x
