@@ -69,7 +69,7 @@ def casts(x, y):
 def reductions(x, y):
     m = x.reshape(3, 4)
     # max/min over a short last axis of a large array: an elementwise fold in juju
-    # (NaN-free: see test_short_axis_max_propagates_nan)
+    # (NaN-free: see test_large_reductions_keep_xla_semantics)
     tiled = jnp.tile(jnp.where(jnp.isnan(x), 7.0, x), 400)
     rows8, rows3 = tiled.reshape(-1, 8), tiled.reshape(-1, 3)
     # sums over a short last axis fold too, NaN and inf rows included
@@ -78,7 +78,10 @@ def reductions(x, y):
             with_nan.sum(-1), rows3.sum(-1), jax.nn.logsumexp(rows8, -1),
             x.sum(), x.max(), x.min(), x.prod(), x.mean(), m.max(0), m.min(1), m.sum(1),
             jnp.argmax(x), jnp.argmin(x), jnp.argmax(m, 0), jnp.argmin(m, 1), jnp.argmax(y),
-            lax.cummax(x), lax.cummin(x), jnp.cumsum(x), jnp.cumprod(x))
+            lax.cummax(x), lax.cummin(x), jnp.cumsum(x), jnp.cumprod(x),
+            # pooling: MAX's max/min dropped the NaN
+            lax.reduce_window(m, -jnp.inf, lax.max, (2, 2), (1, 1), "VALID"),
+            lax.reduce_window(m, jnp.inf, lax.min, (2, 2), (1, 2), "SAME"))
 
 
 def infinite_rows(x, y):
@@ -169,6 +172,14 @@ def zeros_and_folds(x, y):
         return jnp.maximum(hi, wy), jnp.minimum(lo, wy)
 
     pair = jnp.stack([zw, wy])
+    # max/min reductions and pooling: +0.0 (max) or -0.0 (min) wherever the
+    # zeros meet (MAX kept whichever came first)
+    # (XLA's vectorized reductions of large arrays keep the later zero: see
+    # test_large_reductions_keep_xla_semantics)
+    zeros = jnp.stack([z[:4], w[:4], -w[:4], jnp.stack([x[5], x[5], x[6], x[5]])])  # the last: -0 -0 -1 -0
+    reduced = [zeros.max(1), zeros.min(1), zeros.max(0), zeros.min(0)]
+    pooled = [lax.reduce_window(zeros, -jnp.inf, lax.max, (2, 2), (1, 1), "VALID"),
+              lax.reduce_window(zeros, jnp.inf, lax.min, (1, 2), (1, 2), "VALID")]
     return (jnp.maximum(zw, wy), jnp.minimum(zw, wy), jnp.maximum(wy, zw), jnp.minimum(wy, zw),
             jax.nn.relu(zw), jnp.maximum(zw, 0.0), jnp.maximum(zw, -0.0), jnp.minimum(zw, 0.0),
             jnp.minimum(zw, -0.0), jnp.maximum(zw, 1.0), jnp.minimum(2.0, zw),
@@ -176,6 +187,7 @@ def zeros_and_folds(x, y):
             lax.cummax(pair, 0), lax.cummin(pair, 0), lax.cummax(pair, 0, reverse=True),
             jax.ops.segment_max(zw, jnp.arange(17) // 2, num_segments=9),
             jax.ops.segment_min(zw, jnp.arange(17) // 2, num_segments=9),
+            zeros.max(), zeros.min(), *reduced, *pooled,
             lax.fori_loop(0, 3, loop_body, (zw, zw)),
             zw * 0.0, 0.0 * zw, zw * -0.0, zw * jnp.zeros_like(zw), jnp.exp(zw) * 0.0,
             zw - zw, 0.0 - zw, jnp.sum(zw * 0.0),
@@ -291,14 +303,31 @@ def test_the_loop_saw_the_nan():
     assert int(juju.to_numpy(steps)) == 2 and np.isnan(juju.to_numpy(v)).all()
 
 
-def test_short_axis_max_propagates_nan():
-    """max/min over a short last axis of a large array (juju's elementwise
-    fold) give NaN for a row with a NaN, as jnp.max documents and jax.jit
-    does for small arrays. XLA's CPU reduction of a [600, 8] array skips the
-    NaNs (a row [nan, 1, inf, ...] gives inf): the reference here is numpy."""
+def test_large_reductions_keep_xla_semantics():
+    """max/min reductions of large arrays (juju's elementwise fold over a
+    short last axis, and MAX's reduction kernel over long rows) give NaN for
+    a row with a NaN, +0.0 for a max and -0.0 for a min where both zeros
+    meet, as jnp.max documents and jax.jit does for small arrays. XLA's CPU
+    reductions of large arrays do neither (a [600, 8] row [nan, 1, inf, ...]
+    gives inf; a [2400, 4] row [+0, -0, +0, -0] gives -0.0 for max: the
+    later zero): the reference here is numpy for NaN and jax.jit of the
+    small array for zeros."""
     rows = np.tile(np.array(X, np.float32), 400).reshape(-1, 8)
-    got = juju.jit(lambda b: (b.max(-1), b.min(-1)))(rows)
-    assert_same(got, (rows.max(-1), rows.min(-1)))
+    zeros = np.array([[0.0, -0.0, 0.0, -0.0], [0.0, 0.0, -0.0, -0.0], [-0.0, -0.0, 0.0, 0.0],
+                      [-0.0, -0.0, -1.0, -0.0]], np.float32)
+
+    def reductions(b, z):
+        fold, long = jnp.tile(z, (600, 1)), jnp.tile(z, (1, 1024))
+        return (b.max(-1), b.min(-1), fold.max(1), fold.min(1), long.max(1), long.min(1),
+                fold.max(0), fold.min(0))
+
+    got = juju.jit(reductions)(rows, zeros)
+    small = jax.jit(lambda z: (z.max(1), z.min(1), z.max(0), z.min(0)))(zeros)
+    expected = (rows.max(-1), rows.min(-1), *(np.tile(small[i], 600) for i in (0, 1)),
+                *small[:2], *small[2:])
+    assert_same(got, expected)
+    for a, e in zip(got[2:], expected[2:]):
+        np.testing.assert_array_equal(np.signbit(juju.to_numpy(a)), np.signbit(e))
 
 
 def test_exp_near_overflow():

@@ -12,8 +12,10 @@ from max.graph import ops
 from juju import RuleSet, lower_fun
 from juju import primitives as P
 from juju.dtypes import max_shape, static_shape
+from juju_ops_lax.elementwise import maximum, minimum
 from juju_ops_lax._util import (
     is_bool, is_float, reduce_axis, scalar, scalar_copy, sum_to_shape, unfused_copy,
+    unfused_copy_signed,
 )
 
 rules = RuleSet()
@@ -95,25 +97,23 @@ SHORT_AXIS = 8
 
 def _fold_short_axis(op, ctx, x):
     """sum/max/min over the last axis of k <= SHORT_AXIS elements as k - 1
-    elementwise steps over its slices (max/min with a NaN flag carried
-    along): one pass MAX fuses into the producer, where its reduction kernel
-    over a short last axis (and the second one for max's NaN mask) took 2-4x
-    as long as XLA's loop. A sum adds in index order."""
+    elementwise steps over its slices (max/min as XLA's: NaN propagates,
+    -0.0 < +0.0): one pass MAX fuses into the producer, where its reduction
+    kernel over a short last axis (and the second one for max's flags) took
+    2-4x as long as XLA's loop. A sum adds in index order."""
     shape = list(ctx.avals_in[0].shape)
     keep = [slice(None)] * (len(shape) - 1)
     parts = [ops.slice_tensor(x, keep + [slice(j, j + 1)]) for j in range(shape[-1])]
+    combine = {ops.add: ops.add, ops.max: maximum, ops.min: minimum}[op]
     result = parts[0]
     for part in parts[1:]:
-        result = op(result, part)
-    if op is not ops.add:  # max/min: XLA's NaN propagation
-        nan = ops.is_nan(parts[0])
-        for part in parts[1:]:
-            nan = ops.logical_or(nan, ops.is_nan(part))
-        result = ops.where(nan, scalar(ctx, np.nan, ctx.avals_in[0].dtype), result)
+        result = combine(result, part)
+    result = ops.reshape(result, list(ctx.aval_out.shape))
     # Written to memory: MAX would fuse the fold, and with it the producer of
     # all k slices, into each element a consumer reads (a logsumexp's
-    # exp(x - max) took 5x as long).
-    return unfused_copy(ops.reshape(result, list(ctx.aval_out.shape)))
+    # exp(x - max) took 5x as long). The plain copy turns a sum of -0.0s into
+    # +0.0, as XLA's sum from +0.0 gives; max/min keep the zero's sign.
+    return unfused_copy(result) if op is ops.add else unfused_copy_signed(ctx, result)
 
 
 def _short_last_axis(ctx, axes) -> bool:
@@ -123,14 +123,18 @@ def _short_last_axis(ctx, axes) -> bool:
 
 
 def _nan_aware(op):
-    """XLA's float max/min reductions: NaN if any element is NaN, and -inf
-    (max) or +inf (min) where every element is that infinity.
+    """XLA's float max/min reductions: NaN if any element is NaN, -inf (max)
+    or +inf (min) where every element is that infinity, and +0.0 (max) or
+    -0.0 (min) where that zero meets the other one.
 
     MAX's float max reduction starts from the lowest finite value, not -inf
     (and min from the largest), so a row of -infs (a fully masked row of
     attention logits, `jnp.max(x, where=mask, initial=-inf)`) came out as
-    -3.4e38. One int32 reduction of a per-element flag finds both cases:
-    2 for NaN, 0 for the op's identity infinity, 1 for anything else."""
+    -3.4e38; it drops NaN and keeps whichever zero it met first. One int32
+    reduction of a per-element flag finds every case: 3 for NaN, 2 for the
+    zero that wins (+0.0 for max), 0 for the op's identity infinity, 1 for
+    anything else."""
+    is_max = op is ops.max
 
     def lower(ctx, x, *, axes, out_sharding=None):
         dtype = ctx.avals_in[0].dtype
@@ -141,17 +145,25 @@ def _nan_aware(op):
         result = _reduce(op, ctx, x, axes)
         if not is_float(dtype) or not axes:
             return result
-        identity = -np.inf if op is ops.max else np.inf
         int32 = ctx.max_dtype(np.int32)
-        zero = scalar(ctx, 0, dtype)
-        on_side = ops.greater(zero, x) if op is ops.max else ops.greater(x, zero)
+        zero, one = scalar(ctx, 0, dtype), scalar(ctx, 1, dtype)
+        on_side = ops.greater(zero, x) if is_max else ops.greater(x, zero)
         at_identity = ops.logical_and(ops.is_inf(x), on_side)
-        flag = ops.where(ops.is_nan(x), scalar(ctx, 2, np.int32),
-                         ops.cast(ops.logical_not(at_identity), int32))
+        is_zero = ops.equal(x, zero)
+        reciprocal = ops.div(one, ops.where(is_zero, x, one))  # +-inf: a zero's sign
+        winning_zero = ops.logical_and(
+            is_zero, ops.greater(reciprocal, zero) if is_max else ops.greater(zero, reciprocal))
+        flag = ops.where(ops.is_nan(x), scalar(ctx, 3, np.int32),
+                         ops.where(winning_zero, scalar(ctx, 2, np.int32),
+                                   ops.cast(ops.logical_not(at_identity), int32)))
         worst = _reduce(ops.max, ctx, flag, axes)
+        identity = -np.inf if is_max else np.inf
         result = ops.where(ops.equal(worst, scalar(ctx, 0, np.int32)),
                            scalar(ctx, identity, dtype), result)
-        return ops.where(ops.greater(worst, scalar(ctx, 1, np.int32)),
+        meets_winner = ops.logical_and(ops.equal(worst, scalar(ctx, 2, np.int32)),
+                                       ops.equal(result, zero))
+        result = ops.where(meets_winner, scalar(ctx, 0.0 if is_max else -0.0, dtype), result)
+        return ops.where(ops.equal(worst, scalar(ctx, 3, np.int32)),
                          scalar(ctx, np.nan, dtype), result)
 
     lower.__qualname__ = f"lower_reduce_{op.__name__}"

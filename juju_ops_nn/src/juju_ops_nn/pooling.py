@@ -18,9 +18,11 @@ from max.dtype import DType
 from max.graph import ops
 
 from juju import RuleSet
+from juju.dtypes import is_float
 from juju.lowering_helpers import with_dtype
 from juju import primitives as P
 from juju._compat import ClosedJaxpr
+from juju_ops_lax.elementwise import maximum, minimum
 from juju_ops_nn._layout import dilate, pad_or_crop, window_slices
 
 rules = RuleSet()
@@ -45,16 +47,20 @@ def _prepare(ctx, x, shape, base_dilation, padding, init):
     return x, shape
 
 
-def _reduce_window(op, identity):
+def _reduce_window(op, identity, float_op=None):
+    """`float_op`, where given, combines floats: XLA's max/min propagate NaN
+    and order -0.0 below +0.0, MAX's do neither."""
+
     def lower(ctx, x, *, window_dimensions, window_strides, padding, base_dilation,
               window_dilation):
         aval = ctx.avals_in[0]
         init = identity(aval.dtype)
+        combine = float_op if float_op is not None and is_float(aval.dtype) else op
         x, shape = _prepare(ctx, x, list(aval.shape), base_dilation, padding, init)
         acc = None
         for _, view in window_slices(x, shape, window_dimensions, window_strides,
                                      window_dilation, ctx.aval_out.shape):
-            acc = view if acc is None else op(acc, view)
+            acc = view if acc is None else combine(acc, view)
         return acc
 
     lower.__qualname__ = f"lower_reduce_window_{op.__name__}"
@@ -62,8 +68,8 @@ def _reduce_window(op, identity):
 
 
 rules.register(P.reduce_window_sum_p)(_reduce_window(ops.add, lambda d: 0))
-rules.register(P.reduce_window_max_p)(_reduce_window(ops.max, lambda d: _extreme(d, -1)))
-rules.register(P.reduce_window_min_p)(_reduce_window(ops.min, lambda d: _extreme(d, +1)))
+rules.register(P.reduce_window_max_p)(_reduce_window(ops.max, lambda d: _extreme(d, -1), maximum))
+rules.register(P.reduce_window_min_p)(_reduce_window(ops.min, lambda d: _extreme(d, +1), minimum))
 
 
 @functools.lru_cache(maxsize=256)
