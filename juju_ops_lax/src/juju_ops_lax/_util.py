@@ -173,18 +173,6 @@ def unfused_copy(x):
     return ops.reshape(ops.cumsum(ops.reshape(x, [*shape, 1]), axis=-1), shape)
 
 
-def unfused_copy_signed(ctx, x):
-    """`unfused_copy` of a float `x` that keeps the sign of its zeros: the
-    copy adds to +0.0, which turns -0.0 into +0.0, so 1/x (+-inf at the
-    zeros) is copied beside it and gives a zero its sign back."""
-    dtype = ctx.avals_out[0].dtype
-    zero, one = scalar(ctx, 0, dtype), scalar(ctx, 1, dtype)
-    reciprocal = unfused_copy(ops.div(one, ops.where(ops.equal(x, zero), x, one)))
-    value = unfused_copy(x)
-    negative_zero = ops.logical_and(ops.equal(value, zero), ops.greater(zero, reciprocal))
-    return ops.where(negative_zero, scalar(ctx, -0.0, dtype), value)
-
-
 def _regroups(old, new) -> bool:
     """Whether a reshape from `old` to `new` (MAX dims, maybe symbolic)
     splits or merges dimensions, not only adds or drops unit ones."""

@@ -14,7 +14,6 @@ from juju import primitives as P
 from juju.dtypes import max_shape, static_shape
 from juju_ops_lax._util import (
     is_bool, is_float, reduce_axis, scalar, scalar_copy, sum_to_shape, unfused_copy,
-    unfused_copy_signed,
 )
 
 rules = RuleSet()
@@ -107,28 +106,34 @@ def _fold_short_axis(op, ctx, x):
         result = parts[0]
         for part in parts[1:]:
             result = ops.add(result, part)
-    else:
-        result = _fold_extremum(op, ctx, parts)
-    result = ops.reshape(result, list(ctx.aval_out.shape))
-    # Written to memory: MAX would fuse the fold, and with it the producer of
-    # all k slices, into each element a consumer reads (a logsumexp's
-    # exp(x - max) took 5x as long). The plain copy turns a sum of -0.0s into
-    # +0.0, as XLA's sum from +0.0 gives; max/min keep the zero's sign.
-    return unfused_copy(result) if op is ops.add else unfused_copy_signed(ctx, result)
+        # Written to memory: MAX would fuse the fold, and with it the
+        # producer of all k slices, into each element a consumer reads (a
+        # logsumexp's exp(x - max) took 5x as long). The copy adds to +0.0,
+        # so a sum of -0.0s is +0.0, as XLA's sum from +0.0 gives.
+        return unfused_copy(ops.reshape(result, list(ctx.aval_out.shape)))
+    value, negative_zero = _fold_extremum(op, ctx, parts)
+    out_shape = list(ctx.aval_out.shape)
+    # The same copy turns -0.0 into +0.0: where the result is -0.0 travels
+    # beside it as an int32 flag (cheaper than 1/x carried in floats).
+    value = unfused_copy(ops.reshape(value, out_shape))
+    flag = unfused_copy(ops.reshape(ops.cast(negative_zero, ctx.max_dtype(np.int32)), out_shape))
+    return ops.where(ops.greater(flag, scalar(ctx, 0, np.int32)),
+                     scalar(ctx, -0.0, ctx.avals_in[0].dtype), value)
 
 
 def _fold_extremum(op, ctx, parts):
-    """XLA's max/min of `parts`: MAX's max/min for the value, an OR of NaN
-    flags, and the zero's sign from the max (min) of the reciprocals.
+    """XLA's max/min of `parts` as (the value, where it is -0.0): MAX's
+    max/min for the value, an OR of NaN flags, and the zero's sign from the
+    max (min) of the reciprocals.
 
     A max is zero only where no element is positive. Then 1/x is +inf for a
     +0.0 and negative (or -0.0, or NaN, which MAX's max skips) for every
     other element, so the max of the reciprocals is positive exactly where
     a +0.0 is present. A min mirrors it (1/-0.0 is -inf). One division and
-    one max per element: the fold of [1M, 8] takes 14 ms against 13 without
-    signed zeros. (juju's elementwise `maximum` as the step, nine ops, took
-    28 ms: each op costs, as the slices are strided; MAX folds x * 0 even
-    of an opaque zero, so a sum of signed zeros came out +0.0.)"""
+    one max per element. (juju's elementwise `maximum` as the step, nine
+    ops, took the fold of [1M, 8] from 13 to 28 ms: each op costs, as the
+    slices are strided; MAX folds x * 0 even of an opaque zero, so a sum of
+    signed zeros came out +0.0.)"""
     dtype = ctx.avals_in[0].dtype
     one = scalar(ctx, 1, dtype)
     value, nan, reciprocals = parts[0], ops.is_nan(parts[0]), ops.div(one, parts[0])
@@ -138,11 +143,12 @@ def _fold_extremum(op, ctx, parts):
         reciprocals = op(reciprocals, ops.div(one, part))
     zero = scalar(ctx, 0, dtype)
     if op is ops.max:
-        signed_zero = ops.where(ops.greater(reciprocals, zero), zero, scalar(ctx, -0.0, dtype))
+        negative = ops.logical_not(ops.greater(reciprocals, zero))
     else:
-        signed_zero = ops.where(ops.greater(zero, reciprocals), scalar(ctx, -0.0, dtype), zero)
-    value = ops.where(ops.equal(value, zero), signed_zero, value)
-    return ops.where(nan, scalar(ctx, np.nan, dtype), value)
+        negative = ops.greater(zero, reciprocals)
+    at_zero = ops.logical_and(ops.equal(value, zero), ops.logical_not(nan))
+    value = ops.where(nan, scalar(ctx, np.nan, dtype), ops.where(at_zero, zero, value))
+    return value, ops.logical_and(at_zero, negative)
 
 
 def _short_last_axis(ctx, axes) -> bool:
