@@ -33,14 +33,22 @@ def scalar(ctx, value, dtype):
     return ctx.constant(np.asarray(value, dtype=dtype), dtype)
 
 
-def sign_bit(ctx, x, dtype):
-    """Where float x (of jax dtype `dtype`) is negative, -0.0 included; NaN:
-    false. For zeros the sign shows in 1/x (-inf for -0.0); elsewhere x < 0
-    says it."""
+def is_negative_zero(ctx, x, dtype, is_zero=None):
+    """Where float x (of jax dtype `dtype`) is -0.0. MAX has no signbit, but
+    1/x is -inf there; x is swapped for 1 elsewhere, so no other element
+    (NaN included) reads as one. Pass `is_zero` (x == 0) if already built."""
     zero = scalar(ctx, 0, dtype)
     one = scalar(ctx, 1, dtype)
-    recip = ops.div(one, ops.where(ops.equal(x, zero), x, one))
-    return ops.where(ops.equal(x, zero), ops.greater(zero, recip), ops.greater(zero, x))
+    if is_zero is None:
+        is_zero = ops.equal(x, zero)
+    return ops.greater(zero, ops.div(one, ops.where(is_zero, x, one)))
+
+
+def sign_bit(ctx, x, dtype):
+    """Where float x (of jax dtype `dtype`) is negative, -0.0 included; NaN:
+    false."""
+    zero = scalar(ctx, 0, dtype)
+    return ops.logical_or(is_negative_zero(ctx, x, dtype), ops.greater(zero, x))
 
 
 def is_signed_int(dtype) -> bool:

@@ -13,7 +13,7 @@ from juju import RuleSet, lower_fun
 from juju import primitives as P
 from juju.dtypes import max_shape, static_shape
 from juju_ops_lax._util import (
-    is_bool, is_float, reduce_axis, scalar, scalar_copy, sum_to_shape, unfused_copy,
+    is_bool, is_float, is_negative_zero, reduce_axis, scalar, scalar_copy, sum_to_shape, unfused_copy,
 )
 
 rules = RuleSet()
@@ -149,13 +149,13 @@ def _nan_aware(op):
         if not is_float(dtype) or not axes:
             return result
         int32 = ctx.max_dtype(np.int32)
-        zero, one = scalar(ctx, 0, dtype), scalar(ctx, 1, dtype)
+        zero = scalar(ctx, 0, dtype)
         on_side = ops.greater(zero, x) if is_max else ops.greater(x, zero)
         at_identity = ops.logical_and(ops.is_inf(x), on_side)
         is_zero = ops.equal(x, zero)
-        reciprocal = ops.div(one, ops.where(is_zero, x, one))  # +-inf: a zero's sign
-        winning_zero = ops.logical_and(
-            is_zero, ops.greater(reciprocal, zero) if is_max else ops.greater(zero, reciprocal))
+        negative_zero = is_negative_zero(ctx, x, dtype, is_zero)
+        winning_zero = (ops.logical_and(is_zero, ops.logical_not(negative_zero))
+                        if is_max else negative_zero)
         flag = ops.where(ops.is_nan(x), scalar(ctx, 3, np.int32),
                          ops.where(winning_zero, scalar(ctx, 2, np.int32),
                                    ops.cast(ops.logical_not(at_identity), int32)))
