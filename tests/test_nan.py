@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from jax import lax
+from juju import primitives as P
 
 from tests.util import assert_same, selected
 
@@ -197,14 +198,48 @@ def zeros_and_folds(x, y):
             jnp.minimum(jnp.full(3, -0.0, x.dtype), jnp.zeros(3, x.dtype)))
 
 
+def total_order(x, y):
+    """XLA's total-order comparisons (eq_to, lt_to, le_to: -0.0 < +0.0, NaN
+    above +inf), which searchsorted, digitize, histogram and interp bind.
+    Every NaN here is +NaN (juju cannot see a NaN's sign, docs/testing.md)."""
+    xs = jnp.sort(x)
+    edges = jnp.array([-1.0, -0.0, 0.0, 1.0, jnp.inf], x.dtype)
+    xp = jnp.array([-1.0, 0.0, 1.0, 2.0], x.dtype)
+    return (P.eq_to_p.bind(x, y), P.lt_to_p.bind(x, y), P.le_to_p.bind(x, y),
+            P.lt_to_p.bind(y, x), P.le_to_p.bind(y, y),
+            jnp.searchsorted(xs, y), jnp.searchsorted(xs, y, side="right"),
+            jnp.searchsorted(edges, y, method="compare_all"),
+            jnp.searchsorted(edges, y, side="right", method="sort"),
+            jnp.digitize(y, edges), jnp.histogram(y, bins=3, range=(-1.0, 2.0))[0],
+            jnp.interp(y, xp, xp * xp),
+            jnp.searchsorted(jnp.arange(0, 20, 2), jnp.arange(-1, 22, 3)))
+
+
+def chained_gathers(x, y):
+    """A binary search: each step gathers at indices computed from the last
+    step's gather. MAX fused such element gathers with 2-D indices into the
+    next gather's indices and failed to compile (jnp.searchsorted of 2-D
+    queries); juju copies their result unfused, signs of zeros and NaNs kept."""
+    queries = y.reshape(3, 4)
+    grid = jnp.arange(12).reshape(3, 4)
+    xp = jnp.array([-1.0, 0.0, 1.0, 2.0], x.dtype)
+    return (jnp.searchsorted(jnp.sort(x), queries),
+            jnp.searchsorted(jnp.sort(x), queries, side="right"),
+            jnp.interp(queries, xp, jnp.array([3.0, -1.0, 0.5, 2.0], x.dtype)),
+            jnp.digitize(queries, jnp.array([-1.0, 0.0, 1.0], x.dtype)),
+            x[(grid * 5) % 12], (x > 0)[grid.T], x[grid] * 2.0)
+
+
 CASES = {
     "issue_example": issue_example, "comparisons": comparisons, "selects": selects,
     "math": math_fns, "nan_made_inside": nan_made_inside, "casts": casts,
     "reductions": reductions, "infinite_rows": infinite_rows,
     "one_element_scans": one_element_scans, "sorting": sorting, "powers": powers, "remainders": remainders,
     "constant_numerators": constant_numerators, "zeros_and_folds": zeros_and_folds,
+    "total_order": total_order, "chained_gathers": chained_gathers,
 }
-SIGNED_ZEROS = {"remainders", "constant_numerators", "one_element_scans", "zeros_and_folds"}  # cases whose zeros' signs are checked too
+SIGNED_ZEROS = {"remainders", "constant_numerators", "one_element_scans", "zeros_and_folds",
+                "total_order", "chained_gathers"}  # cases whose zeros' signs are checked too
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
           "float64": np.float64}
 
@@ -213,6 +248,9 @@ def _args(name, dtype):
     if name == "powers":  # with the largest finite values: MAX's pow(3e38, 3e38) was 1
         big = float(ml_dtypes.finfo(dtype).max)
         return np.array(BASES + [big, -big], dtype), np.array(EXPONENTS + [big, -big], dtype)
+    if name in ("total_order", "chained_gathers"):
+        # +NaN only: XLA orders -NaN first, juju sees every NaN as +NaN
+        return np.array(np.where(np.isnan(X), NAN, X), dtype), np.array(Y, dtype)
     return np.array(X, dtype), np.array(Y, dtype)
 
 

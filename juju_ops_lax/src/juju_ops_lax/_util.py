@@ -181,6 +181,20 @@ def unfused_copy(x):
     return ops.reshape(ops.cumsum(ops.reshape(x, [*shape, 1]), axis=-1), shape)
 
 
+def exact_unfused_copy(ctx, x, dtype):
+    """`unfused_copy` that keeps every value of jax dtype `dtype` as it is:
+    bools travel as int32, and for floats the -0.0s (which the cumsum makes
+    +0.0) travel beside them as an int32 flag, itself copied unfused, so no
+    path from `x` to a consumer is fused."""
+    if is_bool(dtype):
+        return ops.cast(unfused_copy(ops.cast(x, ctx.max_dtype(np.int32))), x.dtype)
+    if not is_float(dtype):
+        return unfused_copy(x)
+    negative_zero = unfused_copy(ops.cast(is_negative_zero(ctx, x, dtype), ctx.max_dtype(np.int32)))
+    return ops.where(ops.cast(negative_zero, ctx.max_dtype(np.bool_)),
+                     scalar(ctx, -0.0, dtype), unfused_copy(x))
+
+
 def _regroups(old, new) -> bool:
     """Whether a reshape from `old` to `new` (MAX dims, maybe symbolic)
     splits or merges dimensions, not only adds or drops unit ones."""

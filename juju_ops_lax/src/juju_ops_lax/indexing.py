@@ -22,7 +22,7 @@ from max.graph import ops
 
 from juju import RuleSet
 from juju import primitives as P
-from juju_ops_lax._util import is_bool, is_float, is_signed_int, scalar
+from juju_ops_lax._util import exact_unfused_copy, is_bool, is_float, is_signed_int, scalar
 
 rules = RuleSet()
 
@@ -146,6 +146,12 @@ def lower_gather(ctx, operand, indices, *, dimension_numbers, slice_sizes,
     flat, valid = _gather_flat(ctx, operand, indices, dimension_numbers, slice_sizes, mode)
     result = ops.gather(ops.reshape(operand, [-1]), ops.reshape(flat, [-1]), axis=0)
     result = ops.reshape(result, out_shape)
+    if len(out_shape) >= 2 and all(n == 1 for n in slice_sizes):
+        # MAX 26.7 fuses such a gather, through elementwise ops, into a later
+        # gather's indices and then rejects its own kernel ("constraint
+        # failed" in gather_scatter.mojo): jnp.searchsorted of 2-D queries,
+        # any binary search. Element gathers with 1-D indices compile.
+        result = exact_unfused_copy(ctx, result, dtype)
     if valid is not None:
         fill = scalar(ctx, _fill_value(dtype, fill_value), dtype)
         result = ops.where(valid, result, fill)

@@ -1,4 +1,5 @@
-"""sort (several operands, num_keys, stable, XLA's total order), top_k.
+"""sort (several operands, num_keys, stable, XLA's total order), top_k, and the
+total-order comparisons eq_to, lt_to, le_to.
 
 MAX's argsort only handles one rank-1 tensor, so sorting is done by ranking:
 each element's rank is the number of elements before it in XLA's total
@@ -108,6 +109,27 @@ def _take_last(ctx, x, perm, n):
     flat = ops.add(ops.reshape(perm, [rows, m]), base)
     out = ops.gather(ops.reshape(x, [rows * n]), ops.reshape(flat, [rows * m]), axis=0)
     return ops.reshape(out, shape[:-1] + [m])
+
+
+def _total_order(name):
+    """eq_to / lt_to / le_to: comparisons in XLA's total order (-0.0 < +0.0,
+    NaN above +inf and equal to NaN), as searchsorted, histogram and interp
+    bind them. A NaN's sign is not visible here: every NaN is +NaN."""
+
+    def lower(ctx, x, y):
+        dtype = ctx.avals_in[0].dtype
+        if np.dtype(dtype).kind == "c":
+            raise NotImplementedError(f"{name}: complex operands")
+        lt, eq = _lt_eq(ctx, x, y, dtype, signed_zeros=True)
+        return {"eq_to": eq, "lt_to": lt, "le_to": ops.logical_or(lt, eq)}[name]
+
+    lower.__qualname__ = lower.__name__ = f"lower_{name}"
+    return lower
+
+
+rules.register(P.eq_to_p)(_total_order("eq_to"))
+rules.register(P.lt_to_p)(_total_order("lt_to"))
+rules.register(P.le_to_p)(_total_order("le_to"))
 
 
 @rules.register(P.sort_p)
