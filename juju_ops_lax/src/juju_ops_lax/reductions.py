@@ -13,7 +13,8 @@ from juju import RuleSet, lower_fun
 from juju import primitives as P
 from juju.dtypes import max_shape, static_shape
 from juju_ops_lax._util import (
-    is_bool, is_float, is_negative_zero, reduce_axis, scalar, scalar_copy, sum_to_shape, unfused_copy,
+    is_bool, is_float, is_negative_zero, reduce_axis, scalar, scalar_copy, sum_to_shape,
+    unfused_copy,
 )
 
 rules = RuleSet()

@@ -121,7 +121,9 @@ def _total_order(name):
         if np.dtype(dtype).kind == "c":
             raise NotImplementedError(f"{name}: complex operands")
         lt, eq = _lt_eq(ctx, x, y, dtype, signed_zeros=True)
-        return {"eq_to": eq, "lt_to": lt, "le_to": ops.logical_or(lt, eq)}[name]
+        if name == "le_to":
+            return ops.logical_or(lt, eq)
+        return eq if name == "eq_to" else lt
 
     lower.__qualname__ = lower.__name__ = f"lower_{name}"
     return lower
