@@ -283,8 +283,12 @@ def main(argv: list[str]) -> int:
         return env.run(["examples/basic.py", *rest])
     if command == "test":
         env.ensure(_program_requirements(env.python))  # CI's subset of the real-programs tier
+        parallel = _parallel(rest)
+        if parallel:  # the cores shared out: each test process gets its MAX compile workers
+            share = max(1, (os.cpu_count() or 1) // int(parallel[1]))
+            os.environ.setdefault("JUJU_COMPILE_WORKERS", str(share))
         return env.run(["-m", "pytest", "-m", "not full and not programs and not fuzz",
-                        *_parallel(rest), *rest])
+                        *parallel, *rest])
     if command == "programs":
         env.ensure(_program_requirements(env.python))
         return env.run(["-m", "pytest", "tests/programs", *rest])

@@ -50,13 +50,13 @@ PROGRAM = textwrap.dedent(
     if os.environ.get("TEST_READ_ONLY"):
         exec(os.environ["TEST_SIMULATION"])
     import numpy as np, jax.numpy as jnp, juju
-    from juju import engine
+    from juju import compile_pool
     compiles, warnings = [], []
-    _compile = engine.Engine.compile
-    def counting_compile(self, module, what, **kwargs):
-        compiles.append(what)
-        return _compile(self, module, what, **kwargs)
-    engine.Engine.compile = counting_compile
+    _compile = compile_pool.compile_jobs
+    def counting_compile(jobs, session_of):
+        compiles.extend(job.what for job in jobs)
+        return _compile(jobs, session_of)
+    compile_pool.compile_jobs = counting_compile
     class Warnings(logging.Handler):
         def emit(self, record):
             if record.levelno >= logging.WARNING:

@@ -18,9 +18,11 @@ from juju.context import LoweringContext
 from juju.engine import Engine, cpu_engine, gpu_engine
 from juju.errors import (
     CompileError,
+    CompilerCrashError,
     EngineUnavailableError,
     JujuError,
     LoweringError,
+    MaxUnavailableWarning,
     MissingRuleError,
     PackError,
     PackLoadError,
@@ -44,6 +46,6 @@ __all__ = [
     "Engine", "cpu_engine", "gpu_engine", "LoweringContext", "Rule", "RuleSet",
     "Registry", "Priority", "ALL_DTYPES", "direct", "lower_fun", "on_parts", "hookimpl", "KernelLibrary",
     "JujuError", "MissingRuleError", "LoweringError", "RuleConflictError",
-    "UnsupportedDtypeError", "EngineUnavailableError", "CompileError", "PackError",
-    "PackLoadError",
+    "UnsupportedDtypeError", "EngineUnavailableError", "CompileError", "CompilerCrashError",
+    "MaxUnavailableWarning", "PackError", "PackLoadError",
 ]

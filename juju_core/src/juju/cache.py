@@ -32,6 +32,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -148,33 +149,39 @@ def lookup(key: str) -> tuple[Path, int] | None:
     return mef, index
 
 
-def store(keys: list[str], compiled_model) -> None:
-    """Export one compilation (graphs in `keys` order) and index each key."""
+def store(keys: list[str], mef: Path) -> Path | None:
+    """Move one compilation's MEF file (graphs in `keys` order) into the
+    cache and index each key; the cached path, or None if not cached (the
+    file is then left where it was)."""
     if not enabled() or folder() in _unwritable:
-        return
+        return None
     path = folder()
     try:
         directory()
-        fd, tmp = tempfile.mkstemp(dir=path, suffix=".mef.tmp")
-        os.close(fd)
     except OSError as exc:  # read-only, missing mount, a file in the path...
         _report_once(_unwritable, path, "write", exc)
-        return
+        return None
     batch = hashlib.sha256("".join(keys).encode()).hexdigest()[:32]
-    mef = path / f"batch-{batch}.mef"
+    target = path / f"batch-{batch}.mef"
     try:
-        compiled_model.export_mef(tmp)
-        os.replace(tmp, mef)
-        digest = _file_digest(os.fspath(mef))
+        try:
+            os.replace(mef, target)
+        except OSError:  # another file system: copy, then rename into place
+            fd, tmp = tempfile.mkstemp(dir=path, suffix=".mef.tmp")
+            os.close(fd)
+            shutil.copyfile(mef, tmp)
+            os.replace(tmp, target)
+            _unlink(Path(mef))
+        digest = _file_digest(os.fspath(target))
         for index, key in enumerate(keys):
             _write_atomic(path / f"{key}.json", json.dumps(
-                {"mef": mef.name, "index": index, "sha256": digest}
+                {"mef": target.name, "index": index, "sha256": digest}
             ))
     except Exception as exc:  # the cache is an optimisation: never fail a call
         log.warning("juju: could not write the compile cache in %s: %s", path, exc)
-        _unlink(Path(tmp))
-        return
+        return target if target.exists() else None
     _evict(path)
+    return target
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -210,6 +217,4 @@ def _evict(where: Path) -> None:
 
 def clear() -> None:
     """Delete every cached compiled model (all MAX versions)."""
-    import shutil
-
     shutil.rmtree(root() / "compiled", ignore_errors=True)

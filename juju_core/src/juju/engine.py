@@ -2,21 +2,19 @@
 
 MAX aborts the process if two sessions with different options coexist, and
 loading a graph costs seconds, so sessions are shared process-wide, one per
-device, and every load goes through `Engine.load_all`.
+device. Graphs are compiled elsewhere (`juju.compile_pool`, in worker
+processes) and loaded with `Engine.load_mef`.
 """
 
 from __future__ import annotations
 
-import faulthandler
 import hashlib
 import os
 import threading
-import time
 from dataclasses import dataclass
 
 from juju._compat import max_worker_thread_ids
-from juju.errors import CompileError, EngineUnavailableError
-from juju.logs import progress
+from juju.errors import EngineUnavailableError
 
 _sessions: dict[tuple[str, int], object] = {}
 _session_lock = threading.Lock()
@@ -75,39 +73,6 @@ class Engine:
         """What compiled code depends on: device kind, model and host CPU."""
         return f"{self.kind}:{self.index}:{_device_identity(self.device)}"
 
-    def compile(self, module, what: str, custom_extensions=()):
-        """Compile graphs (a Graph or a Module of several) without loading.
-
-        `custom_extensions` are the kernel libraries (`.mojoc` paths) the
-        graphs' custom ops need: a Module does not carry them itself. Logs
-        (logger "juju", INFO: `juju.logs.progress`) when the compile starts
-        and ends; `what` names the user's functions. MAX's compile errors keep
-        their real reason in the message.
-        """
-        progress("juju: compiling %s for %s with MAX", what, self.kind)
-        # A crash inside MAX's compiler (seen: SIGSEGV on some graphs) ends the
-        # process; faulthandler at least prints where (this frame, the user's
-        # call) after the progress line that names the functions.
-        if not faulthandler.is_enabled():
-            faulthandler.enable()
-        start = time.perf_counter()
-        try:
-            compiled = self.session.compile(
-                module, custom_extensions=list(custom_extensions) or None
-            )
-        except Exception as exc:
-            reason = _compile_reason(exc)
-            raise CompileError(
-                f"MAX failed to compile {what} for {self.kind}:{self.index}: {reason}"
-            ) from exc
-        progress("juju: compiled %s for %s in %.1f s", what, self.kind,
-                 time.perf_counter() - start)
-        return compiled
-
-    def init_all(self, compiled) -> list:
-        """Load a compiled artifact's models, in module order."""
-        return list(self.session.init_all(compiled).values())
-
     def load_mef(self, path) -> list:
         """Models of an exported compilation (memoised per process)."""
         key = (self.key, str(path))
@@ -152,18 +117,6 @@ def _device_identity(device) -> str:
     else:
         parts.append(getattr(device, "architecture_name", ""))
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
-
-
-def _compile_reason(exc: BaseException) -> str:
-    parts = []
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        text = str(exc).strip()
-        if text and text not in parts:
-            parts.append(text)
-        exc = exc.__cause__ or exc.__context__
-    return " <- ".join(parts) or "unknown reason (see stderr)"
 
 
 _devices: dict[tuple[str, int], object] = {}

@@ -123,6 +123,27 @@ class CompileError(JujuError, RuntimeError):
     """MAX failed to compile a lowered graph; the reason is in the message."""
 
 
+class CompilerCrashError(CompileError):
+    """MAX's compiler crashed (or was killed, or timed out) in a compile
+    worker process; the caller's process is unaffected and its next compile
+    starts a new worker.
+
+    Attributes:
+        signal: the signal's name (`"SIGSEGV"`, `"SIGKILL"`, ...), or None
+            if the worker exited with a status instead.
+        graph_path: the saved MLIR text of the graph, to reproduce the
+            crash with the command in the message.
+    """
+
+    signal: str | None = None
+    graph_path = None
+
+
+class MaxUnavailableWarning(RuntimeWarning):
+    """A tiered function's MAX compile failed: XLA goes on serving that
+    signature. The message names the function and the compile's error."""
+
+
 class PackError(JujuError):
     """A pack misbehaved: a hook raised or returned something that is not what
     its hookspec promises, or a jaxpr rewrite or kernel library failed. The

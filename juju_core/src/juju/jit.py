@@ -7,7 +7,6 @@ engine and the registry generation. A hit neither re-traces nor re-lowers.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import itertools
@@ -23,7 +22,8 @@ import jax
 import numpy as np
 from jax import tree_util
 
-from juju import cache, plugins, tiers
+from juju import plugins, tiers
+from juju.compile_pool import max_building
 from juju import call as _call  # registers juju_call_p and its rules
 from juju._compat import (
     PRNGKeyArray,
@@ -47,10 +47,10 @@ from juju.dtypes import (
     physical_aval,
 )
 from juju.engine import Engine, cpu_engine
-from juju.engine import module_of as engine_module_of
 from juju.errors import JujuError
 from juju.explain import recording
 from juju.interpreter import build_graph, check_rules
+from juju.loading import load_models
 from juju.logs import describe, explain_miss, log
 from juju.rewrites import apply_rewrites
 
@@ -469,10 +469,10 @@ class Lowered:
 
     @property
     def graph(self):
-        """The MAX graph, built once (by one thread: see `_max_building`)."""
+        """The MAX graph, built once (by one thread: see `juju.compile_pool.max_building`)."""
         graph = self.__dict__.get("_graph")
         if graph is None:
-            with _max_building():
+            with max_building():
                 graph = self.__dict__.get("_graph")
                 if graph is None:
                     graph = self.__dict__["_graph"] = self.build_graph()
@@ -486,7 +486,7 @@ class Lowered:
         """Which rule of which pack lowered each equation: a list of
         `juju.RuleChoice` (see `juju.explain`). Builds the graph with
         the interpreter recording its choices; compiles nothing."""
-        with _max_building(), recording() as recorder:
+        with max_building(), recording() as recorder:
             graph = self.build_graph()
         self.__dict__.setdefault("_graph", graph)
         return recorder.choices()
@@ -638,78 +638,29 @@ def compile_all(lowered: Sequence[Lowered]) -> list[Compiled]:
 
 
 def _load_executables(lowered: Sequence[Lowered]) -> list[Compiled]:
-    with _max_building():  # one compile at a time; a graph compiled meanwhile is not redone
+    """Compile (or load from the caches) each `Lowered` not yet in its jit
+    cache, one MAX compilation per worker and engine, and put it there."""
+    with max_building():
         pending = [low for low in lowered if low.key not in low.jit_function._cache]
-        by_engine: dict[Engine, list[Lowered]] = {}
-        for low in pending:
-            by_engine.setdefault(low.jit_function.engine, []).append(low)
-        for engine, group in by_engine.items():
-            for low, model in zip(group, _models_for(engine, group), strict=True):
-                fn = low.jit_function
-                fn.compile_count += 1
-                fn._cache[low.key] = Executable(
-                    model, low.in_dtypes, low.out_tree, fn.coerces_to_jnp, engine.device,
-                    low.out_key_impls, low.out_complex, _input_nbytes(low.closed_jaxpr),
-                )
-                low.__dict__.pop("_graph", None)  # compiled: free the MLIR (built again on demand)
-        return [Compiled(low, low.jit_function._cache[low.key]) for low in lowered]
-
-
-# MAX keeps its MLIR context per thread and enters it for the main thread only:
-# building a Module or compiling in another thread fails ("No MLIR context
-# active"). Graph building and compiling also share state in MAX, so they run
-# one thread at a time, in that context; calls that hit the jit cache never
-# take this lock.
-_max_lock = threading.RLock()
-
-
-@contextlib.contextmanager
-def _max_building():
-    try:  # private in MAX 26.7: where it is missing, the main thread still works
-        from max._mlir_context import ensure_default_mlir_context
-    except ImportError:
-        ensure_default_mlir_context = contextlib.nullcontext
-    with _max_lock, ensure_default_mlir_context():
-        yield
-
-
-def _models_for(engine: Engine, group: list[Lowered]) -> list:
-    """Loaded models for `group`, from the persistent cache or one compile.
-
-    Each graph is lowered once (`Lowered.graph`): the cache key is computed
-    from that graph, and the misses are compiled from it.
-    """
-    graphs = [low.graph for low in group]
-    models: list = [None] * len(group)
-    keys: list = [None] * len(group)
-    if cache.enabled():
-        for i, (low, graph) in enumerate(zip(group, graphs)):
-            keys[i] = cache.graph_key(graph, engine.description, graph.kernel_libraries_paths)
-            hit = cache.lookup(keys[i])
-            log.debug("juju: persistent cache %s for %s (key %s)", "miss" if hit is None else
-                      "hit", describe(low.jit_function.fun), keys[i][:16])
-            if hit is not None:
-                try:
-                    models[i] = engine.load_mef(hit[0])[hit[1]]
-                except Exception as exc:  # unreadable entry: compile instead
-                    log.warning("juju: cached model %s unusable (%s); recompiling", hit[0], exc)
-    misses = [i for i, m in enumerate(models) if m is None]
-    if misses:
-        module = graphs[misses[0]].module if len(misses) == 1 else engine_module_of(
-            [graphs[i] for i in misses])
-        # The graph's libraries: its rules' (`kernel_paths`) and any a rule
-        # generated while lowering (`juju.lowering_helpers.load_kernel_library`).
-        extensions = sorted({str(p) for i in misses for p in graphs[i].kernel_libraries_paths})
-        names = list(dict.fromkeys(describe(group[i].jit_function.fun) for i in misses))
-        what = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-        compiled = engine.compile(module, what, custom_extensions=extensions)
-        if cache.enabled():
-            cache.store([keys[i] for i in misses], compiled)
-        # By position: MAX's disk cache may return a model under the name of
-        # the first graph it compiled with the same content.
-        for i, model in zip(misses, engine.init_all(compiled), strict=True):
-            models[i] = model
-    return models
+        graphs = [low.graph for low in pending]  # built once (`Lowered.graph`)
+    by_engine: dict[Engine, list[int]] = {}
+    for i, low in enumerate(pending):
+        by_engine.setdefault(low.jit_function.engine, []).append(i)
+    for engine, group in by_engine.items():
+        models = load_models(engine, [graphs[i] for i in group],
+                             [describe(pending[i].jit_function.fun) for i in group])
+        for i, model in zip(group, models, strict=True):
+            low = pending[i]
+            fn = low.jit_function
+            if low.key in fn._cache:  # compiled meanwhile by another thread
+                continue
+            fn.compile_count += 1
+            fn._cache[low.key] = Executable(
+                model, low.in_dtypes, low.out_tree, fn.coerces_to_jnp, engine.device,
+                low.out_key_impls, low.out_complex, _input_nbytes(low.closed_jaxpr),
+            )
+            low.__dict__.pop("_graph", None)  # compiled: free the MLIR (built again on demand)
+    return [Compiled(low, low.jit_function._cache[low.key]) for low in lowered]
 
 
 # --- jit ---------------------------------------------------------------------

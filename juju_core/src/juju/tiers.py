@@ -12,9 +12,12 @@ run on MAX. The switch is logged once (`juju.logs.progress`).
   rewrites), so random keys give the same bits and values agree within the
   usual tolerance; outputs come back in juju's form (MAX buffers, or jax
   arrays with `coerces_to_jnp`), never sharing memory with an input.
-- Errors: an exception raised by the background lowering or compile is
-  raised by the next call of that signature (then forgotten, so the call
-  after retries), and by `JitFunction.wait_compiled()`.
+- Errors: where the background compile fails (MAX's error, or its compiler
+  crashed in the worker process: `juju.compile_pool`), the signature goes on
+  on XLA, and juju says so once in a `MaxUnavailableWarning` naming the
+  function and the cause. `JitFunction.wait_compiled()` and
+  `.lower(...).compile()` raise the compile's error. A program XLA cannot
+  run waits for MAX instead, and a compile error is raised by that call.
 - Who is tiered: `juju.jit(f, tiered=...)` decides; else `JUJU_TIERED`
   (`0`/`1`); else CPU engines are, GPU engines only when jax itself has a GPU
   backend (otherwise XLA would run on the host and every result would cross
@@ -27,13 +30,16 @@ import os
 import queue
 import threading
 import time
+import warnings
 from concurrent.futures import Future
 
 import jax
 from jax import tree_util
 
 from juju import call as _call
+from juju import compile_pool
 from juju._compat import is_key_dtype, jaxpr_as_fun
+from juju.errors import MaxUnavailableWarning
 from juju.logs import describe, log, progress
 
 _ENV = "JUJU_TIERED"
@@ -60,14 +66,16 @@ class Background:
         self.xla_calls = 0  # calls this signature served from XLA
         self.xla_failed: BaseException | None = None
         self.future: Future | None = None
+        self.max_off = False  # the compile failed: XLA serves this signature for good
         self._xla = jax.jit(_strong_outputs(lowered.traced_jaxpr))
         outvars = lowered.traced_jaxpr.jaxpr.outvars
-        produced = {v for eqn in lowered.traced_jaxpr.jaxpr.eqns for v in eqn.outvars}
+        # By identity: a literal output (a constant) is a Literal, not hashable.
+        produced = {id(v) for eqn in lowered.traced_jaxpr.jaxpr.eqns for v in eqn.outvars}
         # Outputs that are inputs, consts or literals: jax hands them back as
         # they are (an input's memory, or juju's const), so they are copied.
         self._copy = frozenset(
             i for i, v in enumerate(outvars)
-            if v not in produced and not is_key_dtype(v.aval.dtype)
+            if id(v) not in produced and not is_key_dtype(v.aval.dtype)
         )
         self._as_jax = frozenset(i for i, _ in lowered.out_key_impls) | frozenset(
             i for i, _ in lowered.out_complex)  # juju returns these as jax arrays too
@@ -158,46 +166,56 @@ def _run_first(background, leaves):
 
 def _finished(fn, background, leaves):
     key = background.lowered.key
-    fn._background.pop(key, None)
     error = background.future.exception()
-    if error is not None:
+    if error is None:
+        fn._background.pop(key, None)
+        return fn._cache[key].run(leaves)
+    if background.xla_failed is not None:  # nothing else can run it
+        fn._background.pop(key, None)
         raise error
-    return fn._cache[key].run(leaves)
+    if not background.max_off:
+        background.max_off = True
+        warnings.warn(MaxUnavailableWarning(
+            f"juju: MAX is off for {describe(fn.fun)} with these argument types; it goes on "
+            f"on XLA. The MAX compile failed: {str(error).splitlines()[0]} (wait_compiled() "
+            "raises the whole error)"), stacklevel=5)
+    return background.run_xla(leaves)
+
 
 
 def wait(fn, keys=None) -> None:
     """Wait for `fn`'s background compiles (those of `keys`, or all); raise
-    the first error one of them raised."""
+    the first error one of them raised (its signature stays on XLA)."""
     for key, background in list(fn._background.items()):
         if keys is not None and key not in keys:
             continue
         if background.future is None:  # its first XLA call is still running
             continue
         error = background.future.exception()  # waits
-        fn._background.pop(key, None)
         if error is not None:
             raise error
+        fn._background.pop(key, None)
 
 
-# --- the compile thread ----------------------------------------------------------
-# One compile at a time (MAX serialises compiles process-wide anyway). The
-# thread is a daemon: an exiting process does not wait minutes for a compile
-# nobody will use. The persistent cache writes a temporary file and renames
-# it into place, so a process that exits mid-compile leaves no partial entry.
+# --- the compile threads ---------------------------------------------------------
+# As many as compiles may run at once (`juju.compile_pool.workers()`); each
+# waits on a worker process. They are daemons: an exiting process does not
+# wait minutes for a compile nobody will use (its workers are killed at exit,
+# and the persistent cache only ever sees whole files).
 
 _queue: queue.Queue = queue.Queue()
-_thread: threading.Thread | None = None
+_threads: list[threading.Thread] = []
 _thread_lock = threading.Lock()
 
 
 def _submit(task) -> Future:
-    global _thread
     future: Future = Future()
     _queue.put((future, task))
     with _thread_lock:
-        if _thread is None:
-            _thread = threading.Thread(target=_serve, name="juju-max-compile", daemon=True)
-            _thread.start()
+        if len(_threads) < compile_pool.workers():
+            thread = threading.Thread(target=_serve, name="juju-max-compile", daemon=True)
+            thread.start()
+            _threads.append(thread)
     return future
 
 
