@@ -16,7 +16,6 @@ from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 import juju
-from juju.engine import Engine
 from juju.explain import active_recorder, table
 from tests.util import packs_blocked
 
@@ -52,7 +51,7 @@ def no_compile(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("explain compiled a MAX graph")
 
-    monkeypatch.setattr(Engine, "compile", refuse)
+    monkeypatch.setattr(juju.compile_pool, "compile_jobs", refuse)
 
 
 def _by_primitive(choices, name):

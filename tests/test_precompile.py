@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 import juju
-from juju.engine import Engine
 
 
 def scaled_cosine(x, n):
@@ -31,10 +30,10 @@ def test_precompiled_function_is_loaded_not_compiled(tmp_path, monkeypatch):
 
     monkeypatch.setenv("JUJU_CACHE_DIR", str(tmp_path))
 
-    def no_compile(self, module, what, custom_extensions=()):
-        raise AssertionError(f"{what} was compiled, not loaded from the cache")
+    def no_compile(jobs, session_of):
+        raise AssertionError(f"{jobs[0].what} was compiled, not loaded from the cache")
 
-    monkeypatch.setattr(Engine, "compile", no_compile)
+    monkeypatch.setattr(juju.compile_pool, "compile_jobs", no_compile)
     f = juju.jit(scaled_cosine, tiered=False)
     x = np.linspace(0, 1, 5, dtype=np.float32)
     out = f(x, np.int32(2)).to_numpy()  # int32 scalar: not weak, like the spec
