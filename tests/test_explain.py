@@ -16,7 +16,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 import juju
-from juju.explain import active_recorder, table
+from juju.recording import active_recorder, table
 from tests.util import packs_blocked
 
 S = jax.ShapeDtypeStruct

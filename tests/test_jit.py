@@ -146,7 +146,7 @@ def test_coerces_to_jnp_returns_jax_arrays():
 
 def test_coerced_outputs_of_every_size_and_dtype():
     # small outputs reach jax in one call of a jitted identity, large ones
-    # through DLPack (juju.jit._to_jax_all)
+    # through DLPack (juju.arguments.to_jax_all)
     def outputs(x):
         return (x[:3] * 2, x > 0, x[:5].astype(jnp.bfloat16), jnp.tile(x, 3000),
                 x.astype(jnp.float64) / 3, jnp.arange(4, dtype=jnp.int64), x[0])

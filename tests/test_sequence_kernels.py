@@ -22,7 +22,7 @@ from jax import lax
 
 import juju
 from juju import primitives as P
-from juju.jit import to_numpy
+from juju import to_numpy
 from tests.util import assert_same, packs_blocked, selected
 
 rng = np.random.default_rng(11)

@@ -26,7 +26,7 @@ from max.driver import Buffer
 import juju
 from juju import call, logs, tiers
 from juju.errors import CompileError
-from juju.jit import Executable
+from juju.executable import Executable
 from tests.util import assert_same, to_numpy
 
 

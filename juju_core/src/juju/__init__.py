@@ -14,6 +14,7 @@ Lowering rules come from packs (`juju-ops-lax`, `juju-ops-nn`,
 explain`) says which rule of which pack lowers each equation of a program.
 """
 
+from juju.arguments import to_jax, to_numpy
 from juju.context import LoweringContext
 from juju.engine import Engine, cpu_engine, gpu_engine
 from juju.errors import (
@@ -29,14 +30,16 @@ from juju.errors import (
     RuleConflictError,
     UnsupportedDtypeError,
 )
-from juju.explain import RuleChoice, explain
+from juju.explain import explain
 from juju.hookspecs import hookimpl
-from juju.jit import Compiled, Lowered, compile_all, jit, make_max_graph, to_jax, to_numpy
+from juju.jit import jit, make_max_graph
 from juju.lowering_helpers import lower_fun, on_parts
 from juju.plugins import KernelLibrary
 from juju import primitives
 from juju.primitive import Primitive
+from juju.recording import RuleChoice
 from juju.registry import ALL_DTYPES, Priority, Registry, Rule, RuleSet, direct
+from juju.stages import Compiled, Lowered, compile_all
 
 __version__ = "0.1.0"
 

@@ -291,7 +291,7 @@ def _arguments(args, fn) -> list:
 def _explain(args) -> int:
     import json
 
-    from juju.explain import table
+    from juju.recording import table
 
     fn = _function(args.function)
     choices = fn._lowered_for(tuple(_arguments(args, fn)), {}).explain()

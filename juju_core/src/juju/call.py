@@ -33,6 +33,7 @@ import numpy as np
 from jax import tree_util
 
 from juju import _structural
+from juju.arguments import to_numpy
 from juju._compat import (
     ClosedJaxpr,
     JaxPrimitive,
@@ -112,6 +113,15 @@ def call_traced(fn, args, kwargs):
 
 _runners_by_jaxpr: "weakref.WeakKeyDictionary[object, object]" = weakref.WeakKeyDictionary()
 _runners_by_text: dict = {}
+# `juju.jit.jit`, which runs the Jaxprs: installed by juju.jit (the layer above,
+# which imports this module) when it is imported.
+_jit = None
+
+
+def install_jit(jit) -> None:
+    """Make `jit` (juju.jit.jit) what evaluates juju_call's Jaxprs on MAX."""
+    global _jit
+    _jit = jit
 
 
 def runner(jaxpr: ClosedJaxpr, engine, name):
@@ -125,12 +135,10 @@ def runner(jaxpr: ClosedJaxpr, engine, name):
         key = (engine, str(jaxpr.jaxpr))
         found = _runners_by_text.get(key)
         if found is None:
-            from juju.jit import jit
-
             fun = jaxpr_as_fun(jaxpr)
             fun.__name__ = f"juju_call_{name}"
             # Not tiered: XLA's host callbacks run these, and must not call jax.
-            found = _runners_by_text[key] = jit(fun, engine=engine, tiered=False)
+            found = _runners_by_text[key] = _jit(fun, engine=engine, tiered=False)
         _runners_by_jaxpr[jaxpr] = found
     return found
 
@@ -184,8 +192,6 @@ def _host_callback(*arrays, jaxpr, engine, name):
     """Runs on the host when XLA reaches the callback."""
     Stats.callbacks += 1
     outs = runner(jaxpr, engine, name)(*arrays)
-    from juju.jit import to_numpy
-
     return [np.asarray(to_numpy(o)).reshape(a.shape) for o, a in zip(outs, jaxpr.out_avals)]
 
 

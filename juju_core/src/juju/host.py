@@ -24,9 +24,10 @@ from jax import tree_util
 
 from juju import _compat
 from juju._compat import is_complex_dtype, is_key_dtype
+from juju.arguments import host_buffer, max_driver, to_jax, to_numpy
 from juju.errors import JujuError
-from juju.explain import RuleChoice
-from juju.jit import JitFunction, Lowered, _host_buffer, _max_driver, to_jax, to_numpy
+from juju.recording import RuleChoice
+from juju.stages import Lowered
 
 __all__ = ["has_callbacks", "StagedLowered"]
 
@@ -289,7 +290,7 @@ def _numpy_dtype(aval):
 
 def _host_value(value, aval=None):
     """A host array of `value` (a MAX buffer is copied: a callback may keep it)."""
-    if isinstance(value, _max_driver().Buffer):
+    if isinstance(value, max_driver().Buffer):
         return np.array(to_numpy(value))
     if aval is not None and isinstance(value, (bool, int, float, complex)):
         return np.asarray(value, _numpy_dtype(aval))
@@ -341,7 +342,8 @@ def build_plan(jit_function, closed_jaxpr) -> Plan:
         fun = _segment_function(eqns, in_vars, out_vars)
         fun.__name__ = fun.__qualname__ = f"{owner}.segment{count[0]}"
         fun.__wrapped__ = jit_function.fun  # logs name the user's source line
-        fn = JitFunction(fun, (), (), False, jit_function.engine, tiered=False)
+        # A JitFunction of the layer above, made through the one we were given.
+        fn = type(jit_function)(fun, (), (), False, jit_function.engine, tiered=False)
         specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
                  for v in in_vars]
         return fn.lower(*specs)
@@ -368,12 +370,12 @@ class StagedExecutable:
     def _output(self, value, aval, leaves):
         if is_key_dtype(aval.dtype):
             return value  # a jax key array (immutable)
-        if isinstance(value, _max_driver().Buffer) and not any(value is x for x in leaves):
+        if isinstance(value, max_driver().Buffer) and not any(value is x for x in leaves):
             return to_jax(value) if self.coerces_to_jnp else value  # a segment's own result
         array = np.array(_host_value(value, aval), _numpy_dtype(aval))  # a fresh copy
         if self.coerces_to_jnp or is_complex_dtype(aval.dtype):
             return jnp.asarray(array)
-        return _host_buffer(array)
+        return host_buffer(array)
 
 
 @dataclasses.dataclass

@@ -25,7 +25,7 @@ from juju._compat import (
 )
 from juju.context import LoweringContext, constant, graph_inputs
 from juju.errors import LoweringError, MissingRule, MissingRuleError, RuleConflictError
-from juju.explain import active_recorder
+from juju.recording import active_recorder
 from juju.registry import Registry
 
 

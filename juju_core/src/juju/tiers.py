@@ -39,6 +39,7 @@ from jax import tree_util
 from juju import call as _call
 from juju import compile_pool
 from juju._compat import is_key_dtype, jaxpr_as_fun
+from juju.arguments import buffer_from_jax, to_jax
 from juju.errors import MaxUnavailableWarning
 from juju.logs import describe, log, progress
 
@@ -61,8 +62,9 @@ class Background:
     """One signature of one function: its MAX compile in flight, and the
     `jax.jit` of its traced Jaxpr serving calls meanwhile."""
 
-    def __init__(self, lowered):
+    def __init__(self, lowered, load):
         self.lowered = lowered
+        self._load = load  # juju.stages.load_executables (the layer above)
         self.xla_calls = 0  # calls this signature served from XLA
         self.xla_failed: BaseException | None = None
         self.future: Future | None = None
@@ -85,10 +87,8 @@ class Background:
         self.future = _submit(self._compile)
 
     def _compile(self) -> None:
-        from juju.jit import _load_executables
-
         fn = self.lowered.jit_function
-        _load_executables([self.lowered])  # puts the executable in the jit cache
+        self._load([self.lowered])  # puts the executable in the jit cache
         fn._background.pop(self.lowered.key, None)
         progress("juju: %s now runs on MAX (compiled in %.1f s; %d call(s) ran on XLA "
                  "meanwhile)", describe(fn.fun), time.perf_counter() - self.started,
@@ -96,8 +96,6 @@ class Background:
 
     def run_xla(self, leaves):
         from max.driver import Buffer
-
-        from juju.jit import _buffer_from_jax, to_jax
 
         args = [to_jax(x) if isinstance(x, Buffer) else x for x in leaves]
         with _call.inline_on_xla():  # nested juju.jit functions: XLA too, not callbacks
@@ -109,7 +107,7 @@ class Background:
             outs[i] = jax.numpy.array(outs[i], copy=True)
         if not fn.coerces_to_jnp:
             device = fn.engine.device
-            outs = [o if i in self._as_jax else _buffer_from_jax(o, None, device)
+            outs = [o if i in self._as_jax else buffer_from_jax(o, None, device)
                     for i, o in enumerate(outs)]
         return tree_util.tree_unflatten(self.lowered.out_tree, outs)
 
@@ -130,12 +128,13 @@ def _strong_outputs(closed):
     return strong
 
 
-def call(fn, lowered, leaves):
-    """Serve a call of a signature missing from `fn`'s jit cache."""
+def call(fn, lowered, leaves, load):
+    """Serve a call of a signature missing from `fn`'s jit cache; `load`
+    compiles a list of `Lowered` into their jit caches."""
     key = lowered.key
     background = fn._background.get(key)
     if background is None:
-        background = fn._background[key] = Background(lowered)
+        background = fn._background[key] = Background(lowered, load)
         log.debug("juju: %s: XLA serves calls while MAX compiles in the background",
                   describe(fn.fun))
         return _run_first(background, leaves)

@@ -1,0 +1,298 @@
+"""Arguments and results: a leaf's signature, and conversion to and from MAX buffers.
+
+The layer under everything that runs a graph: `signature` reads what
+`jax.jit` would see of an argument (shape, dtype, weak type), `to_buffer`
+hands it to MAX without a copy where it can, `unshare` copies the outputs
+MAX returns in an input's memory, and `to_numpy`/`to_jax` convert results
+of any dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import numpy as np
+
+from juju._compat import (
+    PRNGKeyArray,
+    Tracer,
+    canonical_dtype,
+    is_key_dtype,
+    python_scalar_dtype,
+)
+from juju.dtypes import (
+    complex_parts,
+    is_symbolic_dim,
+    max_dtype,
+    numpy_dtype,
+    physical_aval,
+)
+
+def leaf_signature(leaf) -> tuple:
+    """(shape, dtype, weak_type) as jax.jit would see this argument."""
+    handler = _SIGNATURES.get(type(leaf))
+    if handler is None:
+        handler = _signature_handler(type(leaf))
+    return handler(leaf)
+
+
+def _numpy_signature(leaf):
+    return (leaf.shape, canonical_dtype(leaf.dtype), False)
+
+
+def _scalar_signature(leaf):
+    return ((), python_scalar_dtype(leaf), True)
+
+
+def _bool_signature(leaf):  # JAX never weakly types bools
+    return ((), _BOOL, False)
+
+
+_BOOL = np.dtype(np.bool_)
+
+
+def _jax_signature(leaf):
+    return (leaf.shape, leaf.dtype, leaf.weak_type)
+
+
+def _keys_signature(leaf):
+    return (leaf.shape, leaf.dtype, False)
+
+
+def _generic_signature(leaf):
+    return ((), canonical_dtype(leaf.dtype), False)
+
+
+def _buffer_signature(leaf):
+    return (tuple(leaf.shape), numpy_dtype(leaf.dtype), False)
+
+
+def _spec_signature(leaf):
+    if is_key_dtype(leaf.dtype):  # a jax.ShapeDtypeStruct of PRNG keys
+        return (tuple(leaf.shape), leaf.dtype, False)
+    return (tuple(leaf.shape), canonical_dtype(leaf.dtype), bool(leaf.weak_type))
+
+
+_SIGNATURES: dict = {np.ndarray: _numpy_signature}
+for _t in (int, float, complex):
+    _SIGNATURES[_t] = _scalar_signature
+_SIGNATURES[bool] = _bool_signature
+
+
+def _signature_handler(kind):
+    """Find (and remember) how to read the signature of a leaf type."""
+    from max.driver import Buffer
+
+    if issubclass(kind, Tracer):
+        raise TracerSeen
+    if issubclass(kind, np.ndarray):
+        handler = _numpy_signature
+    elif issubclass(kind, PRNGKeyArray):
+        handler = _keys_signature
+    elif issubclass(kind, jax.Array):
+        handler = _jax_signature
+    elif issubclass(kind, np.generic):
+        handler = _generic_signature
+    elif issubclass(kind, Buffer):
+        handler = _buffer_signature
+    elif issubclass(kind, jax.ShapeDtypeStruct):  # ahead-of-time lowering
+        handler = _spec_signature
+    else:
+        raise TypeError(
+            f"juju.jit: argument of type {kind.__name__} is not an array; pass arrays, "
+            "Python scalars or MAX buffers, or mark the argument static with "
+            "static_argnums/static_argnames."
+        )
+    _SIGNATURES[kind] = handler
+    return handler
+
+
+class TracerSeen(Exception):
+    """A leaf is a JAX tracer: the call happens under a JAX transformation."""
+
+
+def _buffer_from_buffer(leaf, dtype, device):
+    return leaf if leaf.device == device else leaf.to(device)
+
+
+# jax arrays up to this size go through a numpy copy: faster than DLPack for
+# small arrays (jax's __dlpack__ costs ~17 us, a small copy ~1 us).
+_SMALL_BYTES = 1 << 16
+
+
+def buffer_from_jax(leaf, dtype, device):
+    if leaf.dtype.kind == "c":  # DLPack would carry a dtype MAX lacks
+        return _buffer_from_array(leaf, leaf.dtype, device)
+    if math.prod(leaf.shape) * leaf.dtype.itemsize <= _SMALL_BYTES:  # jax's nbytes is slow
+        buffer = host_buffer(np.array(leaf, order="C"))
+    else:
+        try:
+            buffer = max_driver().Buffer.from_dlpack(leaf)  # zero-copy
+        except Exception:  # dtypes DLPack cannot carry: go through numpy
+            buffer = host_buffer(np.array(leaf, order="C"))
+    return buffer if buffer.device == device else buffer.to(device)
+
+
+def _buffer_from_array(leaf, dtype, device):
+    array = np.asarray(leaf)
+    if array.dtype != dtype:
+        array = array.astype(dtype)  # as jax.jit does, e.g. float64 without x64
+    if not (array.flags.c_contiguous and array.flags.writeable):
+        array = np.array(array, order="C")  # keeps 0-d arrays 0-d
+    buffer = host_buffer(array)  # zero-copy
+    return buffer if buffer.device == device else buffer.to(device)
+
+
+def host_buffer(array: np.ndarray):
+    """A MAX buffer viewing a contiguous, writable numpy array."""
+    Buffer = max_driver().Buffer
+    try:
+        # Buffer.from_numpy re-checks what we know and costs ~3 us more. It
+        # also fails on 0-d bools (its view needs a last axis); numpy cannot
+        # export bools through DLPack, so they travel as uint8 views.
+        if array.dtype.kind == "c":  # as float[..., 2] (dtypes.physical_aval)
+            return Buffer._from_dlpack(complex_parts(array))
+        if array.dtype == np.bool_ or array.dtype.kind == "V":  # bool, bfloat16, float8
+            carrier = array.view(_UINT_OF_SIZE[array.dtype.itemsize])
+            return Buffer._from_dlpack(carrier).view(max_dtype(array.dtype), array.shape)
+        return Buffer._from_dlpack(array)
+    except AttributeError:  # a MAX without the native constructor
+        return Buffer.from_numpy(array)
+
+
+_UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+@functools.cache
+def max_driver():
+    from max import driver
+
+    return driver
+
+
+try:  # the address of a buffer's memory (private in MAX 26.7, hence the guard)
+    from max.driver import Buffer as _Buffer
+
+    _data_ptr = _Buffer._data_ptr
+except (ImportError, AttributeError):
+    _data_ptr = None
+
+
+def _buffer_from_scalar(leaf, dtype, device):
+    buffer = host_buffer(np.array(leaf, dtype))
+    return buffer if buffer.device == device else buffer.to(device)
+
+
+def _buffer_from_keys(leaf, dtype, device):
+    """A PRNG key array travels as its raw key data (see dtypes.physical_aval)."""
+    return buffer_from_jax(jax.random.key_data(leaf), None, device)
+
+
+def _converter(kind):
+    from max.driver import Buffer
+
+    if issubclass(kind, Buffer):
+        return _buffer_from_buffer
+    if issubclass(kind, PRNGKeyArray):
+        return _buffer_from_keys
+    if issubclass(kind, jax.Array):
+        return buffer_from_jax
+    if kind in (int, float, bool, complex):
+        return _buffer_from_scalar
+    return _buffer_from_array
+
+
+_CONVERTERS: dict = {}
+
+
+def to_buffer(leaf, dtype, device):
+    convert = _CONVERTERS.get(type(leaf))
+    if convert is None:
+        convert = _CONVERTERS[type(leaf)] = _converter(type(leaf))
+    return convert(leaf, dtype, device)
+
+
+
+def unshare(outs: list, inputs: list, in_nbytes) -> None:
+    """Copy each output that MAX handed back in an input's memory.
+
+    MAX returns an input's own buffer, or a view into it, for outputs it can
+    alias: identities, reshapes, slices, same-dtype casts and broadcasts, and
+    ops it folds away (`x * 1.0`, `x + 0`). Inputs are zero-copy views of the
+    caller's numpy and jax arrays, and results must not change when the
+    caller writes into those (JAX arrays are immutable), so such outputs are
+    copied; the others never are.
+    """
+    if _data_ptr is None:  # a MAX without the address accessor: copy all
+        outs[:] = [o.copy() for o in outs]
+        return
+    if in_nbytes is None:
+        in_nbytes = [b.num_elements * b.element_size for b in inputs]
+    spans = [(_data_ptr(b), n) for b, n in zip(inputs, in_nbytes) if n]
+    copied = None
+    for i, out in enumerate(outs):
+        address = _data_ptr(out)
+        for start, size in spans:
+            if start <= address < start + size:
+                outs[i] = copied = out.copy()
+                break
+    if copied is not None:  # MAX copies asynchronously: done before the caller writes
+        copied.device.synchronize()
+
+
+def input_nbytes(closed_jaxpr) -> tuple | None:
+    """Bytes of each MAX input buffer of a graph; None if a shape is symbolic."""
+    sizes = []
+    for aval in closed_jaxpr.in_avals:
+        physical = physical_aval(aval)
+        if any(is_symbolic_dim(d) for d in physical.shape):
+            return None
+        sizes.append(math.prod(physical.shape) * np.dtype(physical.dtype).itemsize)
+    return tuple(sizes)
+
+
+def to_numpy(value) -> np.ndarray:
+    """A numpy array of a MAX buffer (or anything array-like), any dtype.
+
+    Unlike `Buffer.to_numpy()`, this also handles bfloat16 and float8, which
+    MAX cannot export through DLPack.
+    """
+    Buffer = max_driver().Buffer
+    if not isinstance(value, Buffer):
+        return np.asarray(value)
+    dtype = numpy_dtype(value.dtype)
+    if dtype.kind != "V":
+        return value.to_numpy()
+    carrier = _UINT_OF_SIZE[dtype.itemsize]
+    return value.view(max_dtype(carrier), value.shape).to_numpy().view(dtype)
+
+
+def to_jax(buffer):
+    """A jax array of a MAX buffer: zero-copy where DLPack can carry the dtype
+    and the buffer is in host memory (juju's jax runs on the CPU)."""
+    if numpy_dtype(buffer.dtype).kind == "V" or not buffer.device.is_host:
+        return jax.numpy.asarray(to_numpy(buffer))
+    return jax.numpy.from_dlpack(buffer)
+
+
+@functools.cache
+def _identity():
+    return jax.jit(lambda *arrays: arrays)
+
+
+def to_jax_all(buffers: list) -> list:
+    """`to_jax` of each buffer. The small host ones go to jax together as
+    numpy views through one call of a jitted identity: jax makes arrays from
+    numpy in C++, ~5 us a call plus ~3 per array, where `jnp.from_dlpack`
+    costs ~22 us an array."""
+    small = {}
+    for i, buffer in enumerate(buffers):
+        if buffer.device.is_host and buffer.num_elements * buffer.element_size <= _SMALL_BYTES:
+            view = to_numpy(buffer)
+            # jax would narrow a 64-bit dtype without x64 (from_dlpack keeps it)
+            if view.dtype.itemsize < 8 or jax.dtypes.canonicalize_dtype(view.dtype) == view.dtype:
+                small[i] = view
+    arrays = dict(zip(small, _identity()(*small.values()))) if small else {}
+    return [arrays[i] if i in arrays else to_jax(b) for i, b in enumerate(buffers)]
