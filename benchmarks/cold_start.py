@@ -40,7 +40,7 @@ def programs():
     import jax.numpy as jnp
     import numpy as np
 
-    from benchmarks import first_call, run
+    from benchmarks import first_call, workloads
     from benchmarks.programs import transformer_block, transformer_block_arguments
 
     rng = np.random.default_rng(0)
@@ -52,7 +52,7 @@ def programs():
         "transformer block forward (4x128x256, 8 heads)": (
             transformer_block, transformer_block_arguments(rng)),
         "CNN training step (2 convs, batch 128, 32x32)": (
-            run.cnn_step,
+            workloads.cnn_step,
             ([r(16, 3, 3, 3) * 0.1, r(32, 16, 3, 3) * 0.1, r(32 * 16 * 16, 10) * 0.01],
              r(128, 3, 32, 32), onehot)),
         "elementwise (cos of 23 floats)": (jnp.cos, (r(23),)),
@@ -81,7 +81,7 @@ def measure(name: str) -> dict:
     import juju
 
     fn, args = programs()[name]
-    # The defaults are what a new user gets (benchmarks.run's import sets 0).
+    # The defaults are what a new user gets (dev.py bench sets 0, and this child inherits it).
     os.environ.pop("JUJU_TIERED", None)
     xla = jax.jit(fn)
     start = time.perf_counter()

@@ -4,7 +4,7 @@ scans, PRNG, small control flow, a transformer block, vmapped
 log-probabilities, and flax + optax models. `python3 dev.py bench` runs them
 after the core rows (`--set core` or `--set programs` picks one group).
 
-Same row format as `benchmarks.run.workloads`: (name, function, arguments,
+Same row format as `benchmarks.workloads.workloads`: (name, function, arguments,
 flops or None). The sizes are those the issue measured where it gave them.
 """
 
@@ -18,7 +18,7 @@ import jax.scipy as jsp
 import numpy as np
 from jax import lax
 
-from benchmarks.run import attention, layer_norm
+from benchmarks.workloads import attention, layer_norm
 
 F32 = np.float32
 LOOP_LENGTHS = (256, 2048, 8192)
