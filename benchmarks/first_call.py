@@ -80,7 +80,7 @@ def main() -> None:
     returned = time.perf_counter()
     print(f"juju tiered first call: {returned - start:.3f} s "
           f"(ratio {(returned - start) / t_jax:.2f})", flush=True)
-    if f._background:
+    if f.background:
         print(f"juju XLA tier per call: {steady(lambda: f(*args), 10) * 1e3:.2f} ms", flush=True)
 
     low = juju.jit(mlp_step, tiered=False).lower(*args)

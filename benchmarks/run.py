@@ -157,7 +157,7 @@ def dispatch_overhead(repeats: int):
     x, y = np.array(1.0, F32), np.array(2.0, F32)
     jf = juju.jit(scalar_add)
     jf(x, y)
-    model = next(iter(jf._cache.values())).model
+    model = next(iter(jf.executables.values())).model
     bx, by = Buffer.from_numpy(x), Buffer.from_numpy(y)
     xla = jax.jit(scalar_add)
     jx, jy = jnp.asarray(x), jnp.asarray(y)

@@ -175,7 +175,7 @@ def test_outer_coerces_to_jnp_over_an_inner_juju_jit():
     out = coerced_outer(X3, 1.0)
     assert isinstance(out, jax.Array)
     assert_same(out, jax.jit(jax.jit(readme))(X3, 1.0))
-    assert a.coerces_to_jnp and coerced_outer._cache is not readme_jit._cache
+    assert a.coerces_to_jnp and coerced_outer.executables is not readme_jit.executables
     inner_only = coerced_inner(X3, 1.0)  # the outer's default wins, as jax's outer options
     assert isinstance(inner_only, Buffer)
     assert_same(inner_only, jax.jit(readme)(X3, 1.0))

@@ -9,7 +9,6 @@ runs. One MAX compile for the whole module (the program has many outputs).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import subprocess
@@ -92,7 +91,7 @@ def tiers_ran(tmp_path_factory):
         first = f(*args)
         second = f(*args)  # MAX needs seconds: still XLA
         xla_calls, max_before = f.xla_call_count, len(max_runs)
-        assert f._background, "the MAX compile should be in flight"
+        assert f.background, "the MAX compile should be in flight"
         # The AOT path waits for the compile in flight instead of compiling again.
         f.lower(*args).compile()
         compiles = f.compile_count
@@ -137,7 +136,7 @@ def test_xla_served_the_first_calls_then_max_all_later_ones(tiers_ran):
     assert r["f"].xla_call_count == 2  # no XLA call after the switch
     assert r["compiles"] == 1 and r["f"].compile_count == 1  # lower().compile() did not recompile
     assert len([e for e in r["max_runs"] if e is r["max_runs"][0]]) >= 2
-    assert not r["f"]._background
+    assert not r["f"].background
     assert r["callbacks"] == 0  # the nested juju.jit ran inside XLA, not through MAX
 
 
@@ -200,7 +199,7 @@ def test_a_compile_error_leaves_the_signature_on_xla(monkeypatch):
     f = juju.jit(lambda x: x * 3.0 + 1.0, tiered=True)
     x = np.arange(3, dtype=np.float32)
     np.testing.assert_array_equal(f(x).to_numpy(), x * 3 + 1)  # XLA
-    futures.wait([b.future for b in f._background.values()])  # the compile fails meanwhile
+    futures.wait([b.future for b in f.background.values()])  # the compile fails meanwhile
     said = r"MAX is off for .*<lambda> \(test_tiered.py:.*boom"
     with pytest.warns(juju.MaxUnavailableWarning, match=said):
         np.testing.assert_array_equal(f(x).to_numpy(), x * 3 + 1)  # still XLA, said once
@@ -246,7 +245,7 @@ def test_a_function_xla_cannot_run_waits_for_max(monkeypatch):
     f = juju.jit(lambda x: x * 3.0 + 1.0, tiered=True)
     x = np.arange(3, dtype=np.float32)
     np.testing.assert_array_equal(f(x).to_numpy(), x * 3 + 1)
-    assert f.compile_count == 1 and not f._background
+    assert f.compile_count == 1 and not f.background
 
 
 def _no_xla(self, leaves):

@@ -294,7 +294,7 @@ def _explain(args) -> int:
     from juju.recording import table
 
     fn = _function(args.function)
-    choices = fn._lowered_for(tuple(_arguments(args, fn)), {}).explain()
+    choices = fn.lowered_for(tuple(_arguments(args, fn)), {}).explain()
     if getattr(args, "json", False):
         print(json.dumps({"function": args.function,
                           "choices": [dataclasses.asdict(c) for c in choices]}, indent=2))

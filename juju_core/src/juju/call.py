@@ -92,7 +92,7 @@ def _aval(leaf):
 
 def call_traced(fn, args, kwargs):
     """`fn(*args, **kwargs)` for a `juju.jit` function `fn` called on tracers."""
-    dyn_args, dyn_kwargs, statics = fn._split(args, kwargs)
+    dyn_args, dyn_kwargs, statics = fn.split_arguments(args, kwargs)
     leaves, treedef = tree_util.tree_flatten((dyn_args, dyn_kwargs))
     leaves = [x if is_tracer(x) or isinstance(x, jax.Array) else jax.numpy.asarray(x)
               for x in leaves]
@@ -101,7 +101,7 @@ def call_traced(fn, args, kwargs):
     cache = _traces.setdefault(fn, {})
     entry = cache.get(key)
     if entry is None:
-        entry = fn._trace_to_jaxpr(treedef, statics, avals)
+        entry = fn.trace_to_jaxpr(treedef, statics, avals)
         if not any(is_tracer(c) for c in entry[0].consts):  # closed-over tracers: retrace
             cache[key] = entry
     closed, out_tree = entry

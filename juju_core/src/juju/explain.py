@@ -34,4 +34,4 @@ def explain(fun, *args, **kwargs) -> list[RuleChoice]:
     `juju.jit(fun).lower(*args).explain()` gives the same.
     """
     fn = fun if isinstance(fun, JitFunction) else jit(fun)
-    return fn._lowered_for(args, kwargs).explain()
+    return fn.lowered_for(args, kwargs).explain()

@@ -17,7 +17,7 @@ import functools
 import jax
 
 from juju._compat import jax_implementation, sub_jaxprs_of_params
-from juju.lowering_helpers import _freeze, _Unhashable
+from juju.lowering_helpers import freeze_params, UnhashableParams
 from juju.registry import ALL_DTYPES, ANY_PRIMITIVE, Priority, RuleSet
 
 # The traced implementation sees the equation's own avals, whatever the dtype.
@@ -28,13 +28,13 @@ def traced(ctx):
     """(closed Jaxpr of the implementation on ctx's avals and params, None)
     or (None, why it cannot be traced)."""
     return _trace(ctx.primitive, _device_kind(ctx.device), tuple(ctx.avals_in),
-                  _freeze(ctx.params))
+                  freeze_params(ctx.params))
 
 
 def why_not(eqn) -> str | None:
     """Why the fallback cannot lower `eqn`, or None when it can."""
     avals = tuple(v.aval for v in eqn.invars)
-    return _trace(eqn.primitive, "cpu", avals, _freeze(eqn.params))[1]
+    return _trace(eqn.primitive, "cpu", avals, freeze_params(eqn.params))[1]
 
 
 def _device_kind(device):
@@ -42,7 +42,7 @@ def _device_kind(device):
 
 
 def _trace(primitive, device_kind, avals, params):
-    if isinstance(params, _Unhashable):
+    if isinstance(params, UnhashableParams):
         return _trace_uncached(primitive, device_kind, avals, params)
     return _trace_cached(primitive, device_kind, avals, params)
 
@@ -60,7 +60,7 @@ def _trace_uncached(primitive, device_kind, avals, params):
             "to fall back on)"
         )
     fun, _ = found
-    kwargs = dict(params.items() if isinstance(params, _Unhashable) else params)
+    kwargs = dict(params.items() if isinstance(params, UnhashableParams) else params)
     structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
     try:
         closed = jax.make_jaxpr(lambda *xs: fun(*xs, **kwargs))(*structs)
@@ -83,7 +83,7 @@ def implementation(primitive, avals, params):
     """The closed Jaxpr of `primitive`'s JAX implementation (CPU) on `avals`
     and `params`, or None where it has none that traces. For rules that
     write a whole sub-program themselves (generated loop kernels)."""
-    return _trace(primitive, "cpu", tuple(avals), _freeze(params))[0]
+    return _trace(primitive, "cpu", tuple(avals), freeze_params(params))[0]
 
 
 def has_jax_implementation(ctx) -> bool:

@@ -411,7 +411,7 @@ class StagedLowered(Lowered):
         """The executable, once every part is compiled (in the jit caches)."""
         for segment in self.plan.segments():
             low = segment.lowered
-            segment.executable = low.jit_function._cache[low.key]
+            segment.executable = low.jit_function.executables[low.key]
         return StagedExecutable(self.plan, self.out_tree, self.closed_jaxpr.out_avals,
                                 self.jit_function.coerces_to_jnp)
 

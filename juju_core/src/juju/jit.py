@@ -61,13 +61,17 @@ class JitFunction:
         trace_count: times `f` was traced (once per new signature).
         compile_count: MAX executables loaded for it.
         xla_call_count: calls the XLA tier served while MAX compiled.
+        executables: the jit cache: signature key -> `Executable` (juju's
+            own bookkeeping, filled by `juju.stages.load_executables`).
+        background: signature key -> `juju.tiers.Background`, the MAX
+            compiles the XLA tier serves meanwhile.
     """
 
     def __init__(self, fun, static_argnums, static_argnames, coerces_to_jnp, engine,
                  polymorphic_shapes=None, tiered=None):
         self.fun = fun
         self.tiered = tiered  # None: JUJU_TIERED, else by engine (tiers.enabled)
-        self._background: dict[tuple, tiers.Background] = {}  # signatures MAX compiles
+        self.background: dict[tuple, tiers.Background] = {}  # signatures MAX compiles
         self.coerces_to_jnp = coerces_to_jnp
         self.polymorphic_shapes = polymorphic_shapes
         # symbolic signature -> Executable, or _PER_SHAPE when it cannot be built
@@ -77,7 +81,7 @@ class JitFunction:
             fun, static_argnums, static_argnames
         )
         self._has_statics = bool(self.static_argnums or self.static_argnames)
-        self._cache: dict[tuple, Executable] = {}
+        self.executables: dict[tuple, Executable] = {}
         self._lowered: dict[tuple, Lowered] = {}
         self._key_locks: dict[tuple, threading.RLock] = {}  # signature -> its first call's lock
         self._key_locks_guard = threading.Lock()
@@ -98,7 +102,9 @@ class JitFunction:
     def __get__(self, obj, objtype=None):  # support methods
         return self if obj is None else functools.partial(self, obj)
 
-    def _split(self, args, kwargs):
+    def split_arguments(self, args, kwargs):
+        """(dynamic args, dynamic kwargs, statics) of a call: the static
+        arguments taken out, as (position or name, value) pairs."""
         statics = []
         dyn_args = []
         for i, a in enumerate(args):
@@ -125,7 +131,7 @@ class JitFunction:
     @api_boundary
     def __call__(self, *args, **kwargs):
         if self._has_statics:
-            dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
+            dyn_args, dyn_kwargs, statics = self.split_arguments(args, kwargs)
         else:
             dyn_args, dyn_kwargs, statics = args, kwargs, ()
         leaves, treedef = tree_util.tree_flatten((dyn_args, dyn_kwargs))
@@ -136,9 +142,9 @@ class JitFunction:
             # juju_call (juju/call.py), which juju inlines and JAX transforms.
             return _call.call_traced(self, args, kwargs)
         key = (treedef, statics, signature, plugins.generation())
-        executable = self._cache.get(key)
+        executable = self.executables.get(key)
         if executable is None:
-            if key not in self._background:
+            if key not in self.background:
                 self._explain_miss(key)
             return self._first_call(key, dyn_args, leaves)
         return executable.run(leaves)
@@ -156,7 +162,7 @@ class JitFunction:
         tiered function answers from XLA while MAX compiles (tiers.py)."""
         treedef, statics, signature, _ = key
         with self._key_lock(key):
-            executable = self._cache.get(key)
+            executable = self.executables.get(key)
             if executable is None and self.polymorphic_shapes is not None:
                 executable = self._symbolic_executable(key, dyn_args)
             if executable is None:
@@ -164,7 +170,7 @@ class JitFunction:
                 if lowered.tierable and tiers.enabled(self):
                     return tiers.call(self, lowered, leaves, load_executables)
                 lowered.compile()
-                executable = self._cache[key]
+                executable = self.executables[key]
         return executable.run(leaves)
 
     def _explain_miss(self, key):
@@ -189,7 +195,7 @@ class JitFunction:
         symbolic = tuple((s, d, w) for s, (_, d, w) in zip(shapes, signature))
         skey = _cache_key(treedef, statics, symbolic)
         with self._key_lock(skey):  # concrete signatures of one symbolic one
-            executable = self._symbolic.get(skey) or self._cache.get(skey)
+            executable = self._symbolic.get(skey) or self.executables.get(skey)
             if executable is None:
                 try:
                     lowered = self._lower(skey, treedef, statics, _avals(symbolic))
@@ -203,20 +209,20 @@ class JitFunction:
                 self._symbolic[skey] = executable
         if executable is _PER_SHAPE:
             return None
-        self._cache[key] = executable
+        self.executables[key] = executable
         return executable
 
     def eval_shape(self, *args, **kwargs):
         """The output pytree of `jax.ShapeDtypeStruct`s for these arguments
         (arrays or `jax.ShapeDtypeStruct`s), as `jax.jit(f).eval_shape`: a
         trace, no lowering, no compile."""
-        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
+        dyn_args, dyn_kwargs, statics = self.split_arguments(args, kwargs)
         leaves, treedef = tree_util.tree_flatten((dyn_args, dyn_kwargs))
         if any(map(is_tracer, leaves)):  # under a JAX transformation
             avals = structs(map(jax.typeof, leaves))
         else:
             avals = _avals(tuple(map(leaf_signature, leaves)))
-        closed, out_tree = self._trace_to_jaxpr(treedef, statics, avals)
+        closed, out_tree = self.trace_to_jaxpr(treedef, statics, avals)
         return tree_util.tree_unflatten(out_tree, structs(closed.out_avals))
 
     @api_boundary
@@ -227,13 +233,13 @@ class JitFunction:
         `LoweringError`); compiling is left to `.compile()` or
         `juju.compile_all`.
         """
-        lowered = self._lowered_for(args, kwargs)
+        lowered = self.lowered_for(args, kwargs)
         lowered.graph  # build now, so that rule failures surface here
         return lowered
 
-    def _lowered_for(self, args, kwargs) -> Lowered:
+    def lowered_for(self, args, kwargs) -> Lowered:
         """Traced and checked for these arguments; the graph not built yet."""
-        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
+        dyn_args, dyn_kwargs, statics = self.split_arguments(args, kwargs)
         leaves, treedef = tree_util.tree_flatten((dyn_args, dyn_kwargs))
         signature = tuple(map(leaf_signature, leaves))
         key = _cache_key(treedef, statics, signature)
@@ -250,7 +256,7 @@ class JitFunction:
         return lowered
 
     def _new_lowered(self, key, treedef, statics, avals) -> Lowered:
-        traced, out_tree = self._trace_to_jaxpr(treedef, statics, avals)
+        traced, out_tree = self.trace_to_jaxpr(treedef, statics, avals)
         traced = dce(traced)
         if host.has_callbacks(traced):  # staged: MAX graphs between host callbacks
             return host.StagedLowered(
@@ -273,7 +279,7 @@ class JitFunction:
             traced_jaxpr=traced,
         )
 
-    def _trace_to_jaxpr(self, treedef, statics, avals):
+    def trace_to_jaxpr(self, treedef, statics, avals):
         """(ClosedJaxpr, output treedef) of the function on flat `avals`, with
         the static argument values put back in place."""
         static_positional = {i: v for i, v in statics if isinstance(i, int)}
@@ -299,8 +305,8 @@ class JitFunction:
         """Forget every signature's trace and executable: the next call of
         each traces and lowers again (MAX's and juju's disk caches still
         spare the compile)."""
-        self._background.clear()  # compiles in flight still finish; their results are kept
-        self._cache.clear()
+        self.background.clear()  # compiles in flight still finish; their results are kept
+        self.executables.clear()
         self._lowered.clear()
 
 

@@ -51,10 +51,10 @@ def lower_fun(fun, multiple_results: bool = False, *, extra_params=None):
         return {**params, **extra_params(ctx)} if extra_params is not None else params
 
     def decomposition(ctx):
-        return _trace(fun, tuple(ctx.avals_in), _freeze(params_for(ctx, ctx.params)))
+        return _trace(fun, tuple(ctx.avals_in), freeze_params(params_for(ctx, ctx.params)))
 
     def lower_via_jax(ctx, *operands, **params):
-        closed = _trace(fun, tuple(ctx.avals_in), _freeze(params_for(ctx, params)))
+        closed = _trace(fun, tuple(ctx.avals_in), freeze_params(params_for(ctx, params)))
         outs = ctx.lower(closed, *operands)
         return outs if multiple_results else outs[0]
 
@@ -63,16 +63,20 @@ def lower_fun(fun, multiple_results: bool = False, *, extra_params=None):
     return lower_via_jax
 
 
-def _freeze(params: dict):
+def freeze_params(params: dict):
+    """Params as a hashable key of a traced-function cache (sorted items), or
+    `UnhashableParams` where a value cannot be hashed (never cached)."""
     try:
         items = tuple(sorted(params.items()))
         hash(items)
         return items
     except TypeError:
-        return _Unhashable(params)
+        return UnhashableParams(params)
 
 
-class _Unhashable:
+class UnhashableParams:
+    """Params with an unhashable value: traced anew at every use."""
+
     def __init__(self, params):
         self.params = params
 
@@ -86,7 +90,7 @@ def _trace_cached(fun, avals, params):
 
 
 def _trace(fun, avals, params):
-    if isinstance(params, _Unhashable):
+    if isinstance(params, UnhashableParams):
         return _trace_uncached(fun, avals, params)
     return _trace_cached(fun, avals, params)
 

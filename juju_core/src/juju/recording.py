@@ -12,7 +12,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from juju._compat import open_jaxpr, source_line
-from juju.registry import ANY_PRIMITIVE, _priority_name
+from juju.registry import ANY_PRIMITIVE, priority_name
 
 __all__ = ["RuleChoice", "Recorder", "recording", "active_recorder", "table", "summary"]
 
@@ -72,7 +72,7 @@ class RuleChoice:
         return cls(
             path, eqn.primitive.name,
             "fallback" if rule.primitive is ANY_PRIMITIVE else "rule",
-            rule.name, rule.pack, rule.pack_version, _priority_name(rule.priority), guard,
+            rule.name, rule.pack, rule.pack_version, priority_name(rule.priority), guard,
             source_line(eqn),
         )
 

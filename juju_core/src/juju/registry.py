@@ -46,7 +46,7 @@ class Priority(IntEnum):
     USER = 300  # juju.Primitive rules defined by the user
 
 
-def _priority_name(priority: int) -> str:
+def priority_name(priority: int) -> str:
     """`KERNEL (200)`, or `250` between the named levels."""
     try:
         return f"{Priority(priority).name} ({int(priority)})"
@@ -164,7 +164,7 @@ class Rule:
         dtypes = "" if self.dtypes is None else f", dtypes {_dtypes_name(self.dtypes)}"
         return (
             f"{self.name} [{self.pack} {self.pack_version}, "
-            f"priority {_priority_name(self.priority)}{dtypes}{guard}]"
+            f"priority {priority_name(self.priority)}{dtypes}{guard}]"
         )
 
 

@@ -70,7 +70,7 @@ class Lowered:
 
     def assemble(self):
         """The executable, once `parts` are compiled (in the jit caches)."""
-        return self.jit_function._cache[self.key]
+        return self.jit_function.executables[self.key]
 
     @property
     def in_tree(self):
@@ -293,8 +293,8 @@ def compile_all(lowered: Sequence[Lowered]) -> list[Compiled]:
     load_executables([part for low in lowered for part in low.parts])
     compiled = []
     for low in lowered:
-        executable = low.jit_function._cache.get(low.key) or low.assemble()
-        low.jit_function._cache[low.key] = executable
+        executable = low.jit_function.executables.get(low.key) or low.assemble()
+        low.jit_function.executables[low.key] = executable
         compiled.append(Compiled(low, executable))
     return compiled
 
@@ -303,7 +303,7 @@ def load_executables(lowered: Sequence[Lowered]) -> list[Compiled]:
     """Compile (or load from the caches) each `Lowered` not yet in its jit
     cache, one MAX compilation per worker and engine, and put it there."""
     with max_building():
-        pending = [low for low in lowered if low.key not in low.jit_function._cache]
+        pending = [low for low in lowered if low.key not in low.jit_function.executables]
         graphs = [low.graph for low in pending]  # built once (`Lowered.graph`)
     by_engine: dict[Engine, list[int]] = {}
     for i, low in enumerate(pending):
@@ -314,15 +314,15 @@ def load_executables(lowered: Sequence[Lowered]) -> list[Compiled]:
         for i, model in zip(group, models, strict=True):
             low = pending[i]
             fn = low.jit_function
-            if low.key in fn._cache:  # compiled meanwhile by another thread
+            if low.key in fn.executables:  # compiled meanwhile by another thread
                 continue
             fn.compile_count += 1
-            fn._cache[low.key] = Executable(
+            fn.executables[low.key] = Executable(
                 model, low.in_dtypes, low.out_tree, fn.coerces_to_jnp, engine.device,
                 low.out_key_impls, low.out_complex, input_nbytes(low.closed_jaxpr),
             )
             low.__dict__.pop("_graph", None)  # compiled: free the MLIR (built again on demand)
-    return [Compiled(low, low.jit_function._cache[low.key]) for low in lowered]
+    return [Compiled(low, low.jit_function.executables[low.key]) for low in lowered]
 
 
 

@@ -89,7 +89,7 @@ class Background:
     def _compile(self) -> None:
         fn = self.lowered.jit_function
         self._load([self.lowered])  # puts the executable in the jit cache
-        fn._background.pop(self.lowered.key, None)
+        fn.background.pop(self.lowered.key, None)
         progress("juju: %s now runs on MAX (compiled in %.1f s; %d call(s) ran on XLA "
                  "meanwhile)", describe(fn.fun), time.perf_counter() - self.started,
                  self.xla_calls)
@@ -132,9 +132,9 @@ def call(fn, lowered, leaves, load):
     """Serve a call of a signature missing from `fn`'s jit cache; `load`
     compiles a list of `Lowered` into their jit caches."""
     key = lowered.key
-    background = fn._background.get(key)
+    background = fn.background.get(key)
     if background is None:
-        background = fn._background[key] = Background(lowered, load)
+        background = fn.background[key] = Background(lowered, load)
         log.debug("juju: %s: XLA serves calls while MAX compiles in the background",
                   describe(fn.fun))
         return _run_first(background, leaves)
@@ -167,10 +167,10 @@ def _finished(fn, background, leaves):
     key = background.lowered.key
     error = background.future.exception()
     if error is None:
-        fn._background.pop(key, None)
-        return fn._cache[key].run(leaves)
+        fn.background.pop(key, None)
+        return fn.executables[key].run(leaves)
     if background.xla_failed is not None:  # nothing else can run it
-        fn._background.pop(key, None)
+        fn.background.pop(key, None)
         raise error
     if not background.max_off:
         background.max_off = True
@@ -185,7 +185,7 @@ def _finished(fn, background, leaves):
 def wait(fn, keys=None) -> None:
     """Wait for `fn`'s background compiles (those of `keys`, or all); raise
     the first error one of them raised (its signature stays on XLA)."""
-    for key, background in list(fn._background.items()):
+    for key, background in list(fn.background.items()):
         if keys is not None and key not in keys:
             continue
         if background.future is None:  # its first XLA call is still running
@@ -193,7 +193,7 @@ def wait(fn, keys=None) -> None:
         error = background.future.exception()  # waits
         if error is not None:
             raise error
-        fn._background.pop(key, None)
+        fn.background.pop(key, None)
 
 
 # --- the compile threads ---------------------------------------------------------
