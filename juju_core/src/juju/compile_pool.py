@@ -349,10 +349,15 @@ def _checkout() -> _Worker:
     if worker is None:
         try:
             worker = _Worker()
-        except BaseException:
+        except BaseException as exc:
             with _pool:
                 _active -= 1
                 _pool.notify()
+            if isinstance(exc, OSError):  # no interpreter to start, out of processes...
+                raise CompileError(
+                    f"juju cannot start a MAX compile worker ({sys.executable!r}: {exc}); "
+                    "set JUJU_COMPILE_IN_PROCESS=1 to compile in this process"
+                ) from exc
             raise
         with _pool:
             _all.add(worker)
