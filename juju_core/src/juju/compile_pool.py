@@ -132,12 +132,14 @@ def _compile(job: Job, session_of) -> Path:
                     raise CompileError(_failed(job, compile_worker.compile_reason(exc))) from exc
         else:
             _compile_in_worker(job, graph_path, mef)
-    except BaseException:
+    except BaseException as exc:
         _unlink(mef)
+        if not isinstance(exc, CompilerCrashError):  # its message has the reason
+            _unlink(graph_path)
         raise
     finally:
         _in_flight.difference_update((graph_path, mef))
-    _unlink(graph_path)  # kept only where the compile failed, to reproduce it
+    _unlink(graph_path)  # kept only where the compiler crashed, to reproduce it
     progress("juju: compiled %s for %s in %.1f s", job.what, job.device[0],
              time.perf_counter() - start)
     return mef
@@ -214,19 +216,37 @@ def _idle_seconds() -> float:
 # --- files ---------------------------------------------------------------------
 
 
+_KEEP_SECONDS = 7 * 24 * 3600  # a crashed compile's graph, or a killed process's files
+_pruned: set[Path] = set()
+
+
 def _work_dir() -> Path:
     """Where graph texts and fresh MEFs go: the cache folder (so a MEF is
-    renamed into the cache, not copied), else a temporary folder."""
+    renamed into the cache, not copied), else a temporary folder. Files left
+    there for a week (crashes' graphs, a killed process's) are deleted."""
     for where in ([cache.root() / "work"] if cache.enabled() else []) + [
             Path(tempfile.gettempdir()) / f"juju-work-{os.getuid()}"]:
         try:
             where.mkdir(parents=True, exist_ok=True)
             if os.access(where, os.W_OK):
+                if where not in _pruned:
+                    _pruned.add(where)
+                    _prune(where)
                 return where
         except OSError:
             continue
     raise CompileError("juju found no writable folder for its compile worker's files: set "
                        "JUJU_CACHE_DIR to a writable folder")
+
+
+def _prune(where: Path) -> None:
+    cutoff = time.time() - _KEEP_SECONDS
+    for path in where.iterdir():
+        try:
+            if path.stat().st_mtime < cutoff:
+                path.unlink()
+        except OSError:
+            pass
 
 
 def _save_graph(text: str) -> Path:
