@@ -208,19 +208,20 @@ def test_outer_polymorphic_shapes_over_an_inner_juju_jit():
 
 def test_outer_engine_over_an_inner_juju_jit():
     class Probe(juju.Engine):
-        """The CPU, but compiling with it raises: proves which engine compiles."""
+        """The CPU, but loading a model with it raises: proves which engine
+        compiles and loads (a worker compiles for it, then it loads)."""
 
         @property
         def description(self):
             return "probe"  # never a persistent-cache hit
 
-        def compile(self, module, what, custom_extensions=()):
-            raise LookupError(f"probe compiled {what}")
+        def load_mef(self, path):
+            raise LookupError(f"probe loaded {path}")
 
     probe = Probe()
     outer = juju.jit(readme_jit, engine=probe)
     assert outer.engine is probe and readme_jit.engine == juju.cpu_engine()
-    with pytest.raises(LookupError, match="probe compiled readme"):
+    with pytest.raises(LookupError, match="probe loaded"):
         outer(X3, 2.0)
     # the inner function's engine is not used: its call is inlined in the outer graph
     inner_probe = juju.jit(readme, engine=probe)
