@@ -4,7 +4,9 @@ workaround; all share one compilation."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import sys
 
 import jax
@@ -75,6 +77,42 @@ def reductions_to_scalars_with_two_consumers(x, z, xi):
     return outs
 
 
+def _cross_entropy(logits, y):
+    return jnp.sum((logits - jax.nn.logsumexp(logits, axis=1, keepdims=True)) * y)
+
+
+def logsumexp_cross_entropy_grad(logits, y):
+    # JAX's transpose of abs in logsumexp's gradient: two selects on a [4, 1]
+    # condition (the NaN-aware `x >= 0`, a logical_and) that both read the
+    # quotient of a reduction; MAX's compiler segfaulted (juju_ops_lax.mixed).
+    return jax.grad(_cross_entropy)(logits, y)
+
+
+def _mlp_loss(params, x, y):
+    h = x
+    for w, b in params[:-1]:
+        h = jnp.tanh(h @ w + b)
+    w, b = params[-1]
+    logits = h @ w + b
+    logp = logits - jax.nn.logsumexp(logits, axis=1, keepdims=True)
+    return -jnp.mean(jnp.sum(logp * y, axis=1))
+
+
+def mlp_sgd_step(params, x, y):
+    # The same selects on [128, 1] in a 784-512-256-10 MLP's training step.
+    grads = jax.grad(_mlp_loss)(params, x, y)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+
+
+def _mlp_args(rng, sizes=(784, 512, 256, 10), batch=128):
+    params = tuple((rng.standard_normal((m, n)).astype(np.float32) / np.float32(np.sqrt(m)),
+                    0.1 * rng.standard_normal(n).astype(np.float32))
+                   for m, n in itertools.pairwise(sizes))
+    x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+    y = np.eye(sizes[-1], dtype=np.float32)[rng.integers(0, sizes[-1], batch)]
+    return params, x, y
+
+
 _rng = np.random.default_rng(5)
 CASES = {
     "broadcast_then_reduce": (broadcast_then_reduce, (np.eye(3, dtype=np.float32),
@@ -100,6 +138,10 @@ CASES = {
         reductions_to_scalars_with_two_consumers,
         (np.array([3.0, -4.0], np.float32), np.array([-0.0, -0.0], np.float32),
          np.array([3, 9], np.int32))),
+    "logsumexp_cross_entropy_grad": (logsumexp_cross_entropy_grad, (
+        np.random.default_rng(0).standard_normal((4, 8), dtype=np.float32),
+        np.ones((4, 8), np.float32))),
+    "mlp_sgd_step": (mlp_sgd_step, _mlp_args(np.random.default_rng(6))),
 }
 JITTED = {name: juju.jit(fn) for name, (fn, _) in CASES.items()}
 
@@ -113,8 +155,40 @@ def compiled():
 def test_matches_jax(name):
     fn, args = CASES[name]
     # Float sums in another order than XLA's: a looser tolerance there.
-    tol = dict(rtol=1e-4, atol=1e-4) if name == "reduction_forms" else {}
+    tol = dict(rtol=1e-4, atol=1e-4) if name in ("reduction_forms", "mlp_sgd_step") else {}
     assert_same(JITTED[name](*args), jax.jit(fn)(*args), **tol)
+
+
+def test_logsumexp_grad_keeps_xla_semantics():
+    """The same compiled gradient on rows with NaN, +-inf, all -inf and
+    signed zeros: NaN positions, infinities and zeros' signs as jax.jit's."""
+    logits = np.array([[np.nan, 1.0, 2.0, -0.0, 0.0, 3.0, -1.0, 0.5],
+                       [np.inf, 1.0, -np.inf, 0.0, -0.0, 2.0, 1.0, 0.0],
+                       [-np.inf] * 8,
+                       [-0.0, 0.0, -0.0, 0.0, 1e-30, -1e-30, 88.5, -88.5]], np.float32)
+    y = np.array([[1.0, -0.0, 2.0, 0.0, -1.0, 0.5, 0.0, -0.0]] * 4, np.float32)
+    fn, jitted = CASES["logsumexp_cross_entropy_grad"][0], JITTED["logsumexp_cross_entropy_grad"]
+    actual = juju.to_numpy(jitted(logits, y))
+    expected = np.asarray(jax.jit(fn)(logits, y))
+    assert_same(actual, expected)
+    np.testing.assert_array_equal(np.signbit(actual[expected == 0]),
+                                  np.signbit(expected[expected == 0]), "signs of zeros")
+
+
+def test_selects_and_comparisons_keep_no_unit_dims():
+    """juju_ops_lax.mixed: no select or comparison in the lowered gradient has
+    a size-1 dimension beside other ones (MAX's compiler crashed on those)."""
+    text = JITTED["logsumexp_cross_entropy_grad"].lower(
+        *CASES["logsumexp_cross_entropy_grad"][1]).as_text()
+    ops_seen = 0
+    for line in text.splitlines():
+        match = re.search(r"rmo\.(select|equal|not_equal|greater|greater_equal)\(.*"
+                          r"-> !mo\.tensor<\[([^\]]*)\]", line)
+        if match:
+            ops_seen += 1
+            dims = [d.strip() for d in match.group(2).split(",") if d.strip()]
+            assert not ("1" in dims and set(dims) != {"1"}), line
+    assert ops_seen
 
 
 def test_select_result_reduces_in_a_fast_form():

@@ -230,16 +230,32 @@ def chained_gathers(x, y):
             x[(grid * 5) % 12], (x > 0)[grid.T], x[grid] * 2.0)
 
 
+def unit_dims(x, y):
+    """Selects and comparisons on shapes with size-1 dimensions, which juju
+    computes without those dimensions (juju_ops_lax.mixed), broadcasting
+    included; after a keepdims reduction too, as logsumexp's gradient has."""
+    a, b = x.reshape(12, 1), y.reshape(12, 1)
+    c, d = x.reshape(1, 3, 1, 4), y.reshape(1, 3, 1, 4)
+    e, row = x.reshape(3, 1, 4), y[:4].reshape(1, 1, 4)
+    finite = jnp.where(jnp.isfinite(x), x, 1.0).reshape(3, 4)
+    s = jnp.sum(finite, axis=1, keepdims=True) / -y[:3].reshape(3, 1)
+    return (a > b, a >= b, a == b, a != b, a <= b, a == a, jnp.where(a >= 0, a, b),  # noqa: PLR0124
+            jnp.where(c != d, c, -d), jnp.where(jnp.isnan(c), 7.0, d), jnp.maximum(c, d),
+            jnp.minimum(a, b), jnp.sign(a), jnp.abs(c), e > row, jnp.where(e < row, e, row),
+            jnp.where(s >= 0, s, -s) + jnp.where(s >= 0, -s, s), jnp.where(a > 0, a, y))
+
+
 CASES = {
     "issue_example": issue_example, "comparisons": comparisons, "selects": selects,
     "math": math_fns, "nan_made_inside": nan_made_inside, "casts": casts,
     "reductions": reductions, "infinite_rows": infinite_rows,
     "one_element_scans": one_element_scans, "sorting": sorting, "powers": powers, "remainders": remainders,
     "constant_numerators": constant_numerators, "zeros_and_folds": zeros_and_folds,
-    "total_order": total_order, "chained_gathers": chained_gathers,
+    "total_order": total_order, "chained_gathers": chained_gathers, "unit_dims": unit_dims,
 }
+# cases whose zeros' signs are checked too
 SIGNED_ZEROS = {"remainders", "constant_numerators", "one_element_scans", "zeros_and_folds",
-                "total_order", "chained_gathers"}  # cases whose zeros' signs are checked too
+                "total_order", "chained_gathers", "unit_dims"}
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
           "float64": np.float64}
 

@@ -12,6 +12,7 @@ from max.graph import TensorValue, ops
 
 from juju.dtypes import is_float  # noqa: F401  (re-exported for the rule modules)
 from juju.dtypes import max_shape, numpy_dtype, physical_aval, static_shape
+from juju_ops_lax import mixed
 
 
 def broadcast_to(x, shape):
@@ -40,15 +41,15 @@ def is_negative_zero(ctx, x, dtype, is_zero=None):
     zero = scalar(ctx, 0, dtype)
     one = scalar(ctx, 1, dtype)
     if is_zero is None:
-        is_zero = ops.equal(x, zero)
-    return ops.greater(zero, ops.div(one, ops.where(is_zero, x, one)))
+        is_zero = mixed.equal(x, zero)
+    return mixed.greater(zero, ops.div(one, mixed.where(is_zero, x, one)))
 
 
 def sign_bit(ctx, x, dtype):
     """Where float x (of jax dtype `dtype`) is negative, -0.0 included; NaN:
     false."""
     zero = scalar(ctx, 0, dtype)
-    return ops.logical_or(is_negative_zero(ctx, x, dtype), ops.greater(zero, x))
+    return ops.logical_or(is_negative_zero(ctx, x, dtype), mixed.greater(zero, x))
 
 
 def is_signed_int(dtype) -> bool:
@@ -147,8 +148,8 @@ def scalar_copy(x):
     value = ops.reshape(ops.slice_tensor(pair, [slice(0, 1), slice(None)]), [])
     sign = ops.reshape(ops.slice_tensor(pair, [slice(1, 2), slice(None)]), [])
     zero = ops.constant(0.0, x.dtype, device=x.device)
-    negative_zero = ops.logical_and(ops.equal(value, zero), ops.greater(zero, sign))
-    return ops.where(negative_zero, ops.constant(-0.0, x.dtype, device=x.device), value)
+    negative_zero = ops.logical_and(mixed.equal(value, zero), mixed.greater(zero, sign))
+    return mixed.where(negative_zero, ops.constant(-0.0, x.dtype, device=x.device), value)
 
 
 def reshape_result(x, shape):
@@ -191,8 +192,8 @@ def exact_unfused_copy(ctx, x, dtype):
     if not is_float(dtype):
         return unfused_copy(x)
     negative_zero = unfused_copy(ops.cast(is_negative_zero(ctx, x, dtype), ctx.max_dtype(np.int32)))
-    return ops.where(ops.cast(negative_zero, ctx.max_dtype(np.bool_)),
-                     scalar(ctx, -0.0, dtype), unfused_copy(x))
+    return mixed.where(ops.cast(negative_zero, ctx.max_dtype(np.bool_)),
+                       scalar(ctx, -0.0, dtype), unfused_copy(x))
 
 
 def _regroups(old, new) -> bool:

@@ -21,6 +21,7 @@ from max.graph import ops
 from juju import RuleSet
 from juju import primitives as P
 from juju_ops_lax._util import is_bool, is_float, is_signed_int, scalar, sign_bit
+from juju_ops_lax import mixed
 
 rules = RuleSet()
 
@@ -64,8 +65,8 @@ def _exponent(ctx, a):
     e = ops.cast(ops.min(ops.max(guess, scalar(ctx, -1074.0, _F64)), scalar(ctx, 1023.0, _F64)),
                  ctx.max_dtype(_I64))
     one = scalar(ctx, 1, _I64)
-    e = ops.where(ops.greater(_pow2(ctx, e), a), ops.sub(e, one), e)
-    e = ops.where(ops.greater_equal(a, _pow2(ctx, ops.add(e, one))), ops.add(e, one), e)
+    e = mixed.where(mixed.greater(_pow2(ctx, e), a), ops.sub(e, one), e)
+    e = mixed.where(mixed.greater_equal(a, _pow2(ctx, ops.add(e, one))), ops.add(e, one), e)
     return e
 
 
@@ -75,25 +76,25 @@ def _float_to_bits(ctx, x, dtype):
     w = ops.cast(x, ctx.max_dtype(_F64))
     a = ops.abs(w)
     nan, inf = ops.is_nan(w), ops.is_inf(w)
-    zero = ops.equal(a, scalar(ctx, 0.0, _F64))
+    zero = mixed.equal(a, scalar(ctx, 0.0, _F64))
     regular = ops.logical_not(ops.logical_or(ops.logical_or(nan, inf), zero))
-    safe = ops.where(regular, a, scalar(ctx, 1.0, _F64))
+    safe = mixed.where(regular, a, scalar(ctx, 1.0, _F64))
     e = _exponent(ctx, safe)
     emin = 1 - fmt.bias
-    normal = ops.greater_equal(e, scalar(ctx, emin, _I64))
+    normal = mixed.greater_equal(e, scalar(ctx, emin, _I64))
     frac = ops.sub(ops.div(safe, _pow2(ctx, e)), scalar(ctx, 1.0, _F64))
     mant_normal = ops.mul(frac, scalar(ctx, 2.0 ** fmt.mantissa, _F64))
     mant_sub = ops.div(safe, _pow2(ctx, ops.broadcast_to(scalar(ctx, emin - fmt.mantissa, _I64),
                                                          list(safe.shape))))
-    mant = ops.cast(ops.where(normal, mant_normal, mant_sub), ctx.max_dtype(_U64))
-    biased = ops.cast(ops.where(normal, ops.add(e, scalar(ctx, fmt.bias, _I64)),
-                                scalar(ctx, 0, _I64)), ctx.max_dtype(_U64))
+    mant = ops.cast(mixed.where(normal, mant_normal, mant_sub), ctx.max_dtype(_U64))
+    biased = ops.cast(mixed.where(normal, ops.add(e, scalar(ctx, fmt.bias, _I64)),
+                                  scalar(ctx, 0, _I64)), ctx.max_dtype(_U64))
     top = 2 ** fmt.exponent - 1
-    biased = ops.where(ops.logical_or(nan, inf), scalar(ctx, top, _U64), biased)
-    mant = ops.where(inf, scalar(ctx, 0, _U64), mant)
-    mant = ops.where(nan, scalar(ctx, 2 ** (fmt.mantissa - 1), _U64), mant)
-    mant = ops.where(zero, scalar(ctx, 0, _U64), mant)
-    biased = ops.where(zero, scalar(ctx, 0, _U64), biased)
+    biased = mixed.where(ops.logical_or(nan, inf), scalar(ctx, top, _U64), biased)
+    mant = mixed.where(inf, scalar(ctx, 0, _U64), mant)
+    mant = mixed.where(nan, scalar(ctx, 2 ** (fmt.mantissa - 1), _U64), mant)
+    mant = mixed.where(zero, scalar(ctx, 0, _U64), mant)
+    biased = mixed.where(zero, scalar(ctx, 0, _U64), biased)
     mag = ops.add(ops.mul(biased, scalar(ctx, 2 ** fmt.mantissa, _U64)), mant)
     sign = ops.logical_and(sign_bit(ctx, w, _F64), ops.logical_not(nan))
     return sign, mag
@@ -111,12 +112,12 @@ def _bits_to_float(ctx, sign, mag, dtype):
                              ops.mul(mant_f, scalar(ctx, 2.0 ** -fmt.mantissa, _F64))),
                      _pow2(ctx, ops.sub(biased_i, scalar(ctx, fmt.bias, _I64))))
     sub = ops.mul(mant_f, scalar(ctx, 2.0 ** (1 - fmt.bias - fmt.mantissa), _F64))
-    value = ops.where(ops.equal(biased, scalar(ctx, 0, _U64)), sub, normal)
-    top = ops.equal(biased, scalar(ctx, 2 ** fmt.exponent - 1, _U64))
-    special = ops.where(ops.equal(mant, scalar(ctx, 0, _U64)), scalar(ctx, np.inf, _F64),
-                        scalar(ctx, np.nan, _F64))
-    value = ops.where(top, special, value)
-    value = ops.where(sign, ops.negate(value), value)
+    value = mixed.where(mixed.equal(biased, scalar(ctx, 0, _U64)), sub, normal)
+    top = mixed.equal(biased, scalar(ctx, 2 ** fmt.exponent - 1, _U64))
+    special = mixed.where(mixed.equal(mant, scalar(ctx, 0, _U64)), scalar(ctx, np.inf, _F64),
+                          scalar(ctx, np.nan, _F64))
+    value = mixed.where(top, special, value)
+    value = mixed.where(sign, ops.negate(value), value)
     return ops.cast(value, ctx.max_dtype(dtype))
 
 
@@ -131,14 +132,14 @@ def _to_unsigned_bits(ctx, x, dtype):
     if is_float(dtype):
         sign, mag = _float_to_bits(ctx, x, dtype)
         top = scalar(ctx, 2 ** (width - 1), _U64)
-        return ops.where(sign, ops.add(mag, top), mag)
+        return mixed.where(sign, ops.add(mag, top), mag)
     if is_bool(dtype):
         return ops.cast(x, ctx.max_dtype(_U64))
     if is_signed_int(dtype):
         wide = ops.cast(x, ctx.max_dtype(_I64))
         if width < 64:
-            wide = ops.where(ops.greater(scalar(ctx, 0, _I64), wide),
-                             ops.add(wide, scalar(ctx, 2 ** width, _I64)), wide)
+            wide = mixed.where(mixed.greater(scalar(ctx, 0, _I64), wide),
+                               ops.add(wide, scalar(ctx, 2 ** width, _I64)), wide)
         return ops.cast(wide, ctx.max_dtype(_U64))
     return ops.cast(x, ctx.max_dtype(_U64))
 
@@ -147,15 +148,15 @@ def _from_unsigned_bits(ctx, bits, dtype):
     width = _width(dtype)
     if is_float(dtype):
         top = scalar(ctx, 2 ** (width - 1), _U64)
-        sign = ops.greater_equal(bits, top)
-        mag = ops.where(sign, ops.sub(bits, top), bits)
+        sign = mixed.greater_equal(bits, top)
+        mag = mixed.where(sign, ops.sub(bits, top), bits)
         return _bits_to_float(ctx, sign, mag, dtype)
     if is_bool(dtype):
-        return ops.not_equal(bits, scalar(ctx, 0, _U64))
+        return mixed.not_equal(bits, scalar(ctx, 0, _U64))
     if is_signed_int(dtype) and width < 64:
         wide = ops.cast(bits, ctx.max_dtype(_I64))
-        wide = ops.where(ops.greater_equal(wide, scalar(ctx, 2 ** (width - 1), _I64)),
-                         ops.sub(wide, scalar(ctx, 2 ** width, _I64)), wide)
+        wide = mixed.where(mixed.greater_equal(wide, scalar(ctx, 2 ** (width - 1), _I64)),
+                           ops.sub(wide, scalar(ctx, 2 ** width, _I64)), wide)
         return ops.cast(wide, ctx.max_dtype(dtype))
     return ops.cast(bits, ctx.max_dtype(dtype))
 
@@ -198,17 +199,17 @@ def lower_nextafter(ctx, x1, x2):
     sign, mag = _float_to_bits(ctx, x1, dtype)
     one = scalar(ctx, 1, _U64)
     # Moving away from zero adds one to the magnitude; toward zero subtracts.
-    away = ops.where(sign, ops.greater(x1, x2), ops.greater(x2, x1))
-    zero_mag = ops.equal(mag, scalar(ctx, 0, _U64))
-    stepped = ops.where(away, ops.add(mag, one), ops.sub(ops.where(zero_mag, one, mag), one))
+    away = mixed.where(sign, mixed.greater(x1, x2), mixed.greater(x2, x1))
+    zero_mag = mixed.equal(mag, scalar(ctx, 0, _U64))
+    stepped = mixed.where(away, ops.add(mag, one), ops.sub(mixed.where(zero_mag, one, mag), one))
     result = _bits_to_float(ctx, sign, stepped, dtype)
     # From zero: the smallest subnormal with x2's sign.
-    tiny_sign = ops.greater(scalar(ctx, 0, dtype), x2)
+    tiny_sign = mixed.greater(scalar(ctx, 0, dtype), x2)
     tiny = _bits_to_float(ctx, tiny_sign, ops.broadcast_to(one, shape), dtype)
-    result = ops.where(ops.equal(x1, scalar(ctx, 0, dtype)), tiny, result)
-    result = ops.where(ops.equal(x1, x2), x2, result)
+    result = mixed.where(mixed.equal(x1, scalar(ctx, 0, dtype)), tiny, result)
+    result = mixed.where(mixed.equal(x1, x2), x2, result)
     either_nan = ops.logical_or(ops.is_nan(x1), ops.is_nan(x2))
-    return ops.where(either_nan, scalar(ctx, np.nan, dtype), result)
+    return mixed.where(either_nan, scalar(ctx, np.nan, dtype), result)
 
 
 @rules.register(P.reduce_precision_p)
@@ -216,9 +217,9 @@ def lower_reduce_precision(ctx, x, *, exponent_bits, mantissa_bits):
     dtype = ctx.avals_in[0].dtype
     w = ops.cast(x, ctx.max_dtype(_F64))
     a = ops.abs(w)
-    regular = ops.logical_and(ops.greater(a, scalar(ctx, 0.0, _F64)),
-                              ops.greater(scalar(ctx, np.inf, _F64), a))
-    safe = ops.where(regular, a, scalar(ctx, 1.0, _F64))
+    regular = ops.logical_and(mixed.greater(a, scalar(ctx, 0.0, _F64)),
+                              mixed.greater(scalar(ctx, np.inf, _F64), a))
+    safe = mixed.where(regular, a, scalar(ctx, 1.0, _F64))
     bias = 2 ** (exponent_bits - 1) - 1
     emin, emax = 1 - bias, bias
     e = ops.max(_exponent(ctx, safe), scalar(ctx, emin, _I64))
@@ -228,7 +229,7 @@ def lower_reduce_precision(ctx, x, *, exponent_bits, mantissa_bits):
         max_finite = (2.0 - 2.0 ** -mantissa_bits) * 2.0 ** emax
     except OverflowError:
         max_finite = np.inf
-    r = ops.where(ops.greater(r, scalar(ctx, max_finite, _F64)), scalar(ctx, np.inf, _F64), r)
-    r = ops.where(ops.greater(scalar(ctx, 0.0, _F64), w), ops.negate(r), r)
-    result = ops.where(regular, r, w)
+    r = mixed.where(mixed.greater(r, scalar(ctx, max_finite, _F64)), scalar(ctx, np.inf, _F64), r)
+    r = mixed.where(mixed.greater(scalar(ctx, 0.0, _F64), w), ops.negate(r), r)
+    result = mixed.where(regular, r, w)
     return ops.cast(result, ctx.max_dtype(dtype))

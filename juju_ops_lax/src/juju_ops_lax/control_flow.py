@@ -30,6 +30,7 @@ from juju._compat import open_jaxpr, scan_layout, sub_jaxprs_of_params
 from juju.primitives import empty2_p, platform_index_p
 from juju.dtypes import physical_aval
 from juju_ops_lax._util import reduce_axis
+from juju_ops_lax import mixed
 
 # Control flow carries values of any dtype in their in-graph form and
 # re-enters the loop for its bodies.
@@ -163,8 +164,8 @@ def lower_cond(ctx, index, *operands, branches, branches_platforms=None):
         outs = [ctx.lower(b, *operands) for b in branches]
         chosen = outs[-1]
         for k in reversed(range(len(branches) - 1)):
-            taken = ops.equal(index, ctx.constant(k, index_dtype))
-            chosen = [ops.where(taken, a, b) for a, b in zip(outs[k], chosen)]
+            taken = mixed.equal(index, ctx.constant(k, index_dtype))
+            chosen = [mixed.where(taken, a, b) for a, b in zip(outs[k], chosen)]
         return chosen
     out_types = _tensor_types(ctx, ctx.avals_out)
 
@@ -174,7 +175,7 @@ def lower_cond(ctx, index, *operands, branches, branches_platforms=None):
     def chain(k):
         if k == len(branches) - 1:
             return branch(k)()
-        pred = _on_host(ctx, ops.equal(index, ctx.constant(k, index_dtype)))
+        pred = _on_host(ctx, mixed.equal(index, ctx.constant(k, index_dtype)))
         with _region_op():
             return ops.cond(pred, out_types, branch(k), lambda: chain(k + 1))
 
@@ -201,7 +202,7 @@ def lower_while(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
         if pred_shape:
             pred = ops.reshape(pred, [-1])
             as_int = ops.cast(pred, DType.int32)
-            pred = ops.reshape(ops.greater(reduce_axis(ops.max, as_int, 0), 0), [])
+            pred = ops.reshape(mixed.greater(reduce_axis(ops.max, as_int, 0), 0), [])
         return _on_host(ctx, pred)
 
     def body(*carry):
@@ -213,7 +214,7 @@ def lower_while(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
         for old, value, aval in zip(carry, new, ctx.avals_out):
             shape = list(physical_aval(aval).shape)
             mask = ops.reshape(pred, list(pred_shape) + [1] * (len(shape) - len(pred_shape)))
-            out.append(ops.where(ops.broadcast_to(mask, shape), value, old))
+            out.append(mixed.where(ops.broadcast_to(mask, shape), value, old))
         return out
 
     return _while_loop(list(init), predicate, body)

@@ -15,6 +15,7 @@ from juju import RuleSet
 from juju import primitives as P
 from juju_ops_lax import elementwise
 from juju_ops_lax._util import is_bool, is_float, scalar
+from juju_ops_lax import mixed
 
 rules = RuleSet()
 
@@ -23,18 +24,18 @@ def _nan_either(ctx, x, y, result):
     if not is_float(ctx.avals_in[0].dtype):
         return result
     nan = ops.logical_or(ops.is_nan(x), ops.is_nan(y))
-    return ops.where(nan, scalar(ctx, np.nan, ctx.avals_in[0].dtype), result)
+    return mixed.where(nan, scalar(ctx, np.nan, ctx.avals_in[0].dtype), result)
 
 
 def _logaddexp(ctx, x, y):
     dtype = ctx.avals_in[0].dtype
     hi = ops.max(x, y)
     lo = ops.min(x, y)
-    both_inf = ops.logical_and(ops.is_inf(hi), ops.equal(hi, lo))
+    both_inf = ops.logical_and(ops.is_inf(hi), mixed.equal(hi, lo))
     diff = ops.sub(lo, hi)
-    diff = ops.where(both_inf, scalar(ctx, 0, dtype), diff)
+    diff = mixed.where(both_inf, scalar(ctx, 0, dtype), diff)
     result = ops.add(hi, ops.log1p(ops.exp(diff)))
-    result = ops.where(both_inf, hi, result)
+    result = mixed.where(both_inf, hi, result)
     return _nan_either(ctx, x, y, result)
 
 
@@ -105,7 +106,7 @@ def _scan_rule(kind):
             x = combine(ctx, x, shifted)
             step *= 2
         if as_bool:
-            x = ops.not_equal(x, scalar(ctx, 0, np.int32))
+            x = mixed.not_equal(x, scalar(ctx, 0, np.int32))
         if half:
             x = ops.cast(x, ctx.max_dtype(ctx.avals_in[0].dtype))
         return x

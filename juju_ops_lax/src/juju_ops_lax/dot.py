@@ -13,6 +13,7 @@ from juju import RuleSet
 from juju import primitives as P
 from juju.dtypes import max_shape
 from juju_ops_lax._util import reshape_result, scalar
+from juju_ops_lax import mixed
 
 rules = RuleSet()
 
@@ -66,7 +67,7 @@ def lower_dot_general(ctx, lhs, rhs, *, dimension_numbers, precision,
         # for jax's DEFAULT and HIGH precisions on GPU.
         product = ops.matmul(a, b)
     if ctx.max_dtype(out_dtype) == DType.bool:
-        product = ops.not_equal(product, ops.constant(0.0, DType.float32, device=product.device))
+        product = mixed.not_equal(product, ops.constant(0.0, DType.float32, device=product.device))
     elif product.dtype != ctx.max_dtype(out_dtype):
         product = ops.cast(product, ctx.max_dtype(out_dtype))
     batch_dims = [lhs_aval.shape[d] for d in lb]
@@ -103,6 +104,6 @@ def _split_tf32(x):
     # an H100; the form with it has not run on a GPU yet). It also leaves huge
     # |x| whole (hi = x) instead of overflowing c.
     f32 = functools.partial(ops.constant, dtype=DType.float32, device=x.device)
-    scaled = ops.where(ops.abs(x) < f32(2.0 ** 100), x * f32(8193.0), f32(0.0))
+    scaled = mixed.where(mixed.greater(f32(2.0 ** 100), ops.abs(x)), x * f32(8193.0), f32(0.0))
     hi = scaled - (scaled - x)
     return hi, x - hi

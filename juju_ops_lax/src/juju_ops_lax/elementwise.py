@@ -21,7 +21,7 @@ from juju import ALL_DTYPES, RuleSet, lower_fun
 from juju import primitives as P
 from juju._compat import jax_impls
 from juju.primitives import log2_p, one_minus_square_p, polynomial_p
-from juju_ops_lax import nan, trigonometry
+from juju_ops_lax import mixed, nan, trigonometry
 from juju_ops_lax._util import (
     broadcast_to, constant_scalar, is_bool, is_constant, is_float, is_signed_int, is_unsigned_int,
     is_zero_constant, same_value, scalar, sign_bit,
@@ -59,9 +59,9 @@ def _exp(x):
     if threshold is None:
         return ops.exp(x)
     const = partial(_constant_like, x)
-    big = ops.greater(x, const(threshold))
-    shifted = ops.exp(ops.sub(x, ops.where(big, const(1.0), const(0.0))))
-    return ops.mul(shifted, ops.where(big, const(math.e), const(1.0)))
+    big = mixed.greater(x, const(threshold))
+    shifted = ops.exp(ops.sub(x, mixed.where(big, const(1.0), const(0.0))))
+    return ops.mul(shifted, mixed.where(big, const(math.e), const(1.0)))
 
 
 def _tanh(x):
@@ -72,8 +72,8 @@ def _tanh(x):
     threshold = _TANH_IS_X_BELOW.get(x.dtype)
     if threshold is None:
         return ops.tanh(x)
-    small = ops.greater(_constant_like(x, threshold), ops.abs(x))
-    return ops.where(small, x, ops.tanh(x))
+    small = mixed.greater(_constant_like(x, threshold), ops.abs(x))
+    return mixed.where(small, x, ops.tanh(x))
 
 
 # tanh(x) = x (1 - x^2/3 + ...): below these, x^2/3 is under half an ulp
@@ -141,13 +141,13 @@ def _by_dtype(name, float_op, other_op, swap=False):
 
 # MAX's `greater` is ordered (false for NaN) and folds x > x to false, as IEEE
 # does; `greater_equal` folds x >= x to true, so it gets the NaN test.
-_ORDERED_GE = nan.ordered(ops.greater_equal)
-rules.register(P.eq_p)(_by_dtype("eq", nan.equal, ops.equal))
-rules.register(P.ne_p)(_by_dtype("ne", nan.not_equal, ops.not_equal))
-rules.register(P.gt_p)(_by_dtype("gt", ops.greater, ops.greater))
-rules.register(P.ge_p)(_by_dtype("ge", _ORDERED_GE, ops.greater_equal))
-rules.register(P.lt_p)(_by_dtype("lt", ops.greater, ops.greater, swap=True))
-rules.register(P.le_p)(_by_dtype("le", _ORDERED_GE, ops.greater_equal, swap=True))
+_ORDERED_GE = nan.ordered(mixed.greater_equal)
+rules.register(P.eq_p)(_by_dtype("eq", nan.equal, mixed.equal))
+rules.register(P.ne_p)(_by_dtype("ne", nan.not_equal, mixed.not_equal))
+rules.register(P.gt_p)(_by_dtype("gt", mixed.greater, mixed.greater))
+rules.register(P.ge_p)(_by_dtype("ge", _ORDERED_GE, mixed.greater_equal))
+rules.register(P.lt_p)(_by_dtype("lt", mixed.greater, mixed.greater, swap=True))
+rules.register(P.le_p)(_by_dtype("le", _ORDERED_GE, mixed.greater_equal, swap=True))
 
 
 @rules.register(P.abs_p)
@@ -180,10 +180,10 @@ def _safe_int_divisor(ctx, y):
     """y with 0 and -1 replaced by 1: both trap (SIGFPE) in hardware division."""
     dtype = ctx.avals_in[1].dtype
     one = scalar(ctx, 1, dtype)
-    bad = ops.equal(y, scalar(ctx, 0, dtype))
+    bad = mixed.equal(y, scalar(ctx, 0, dtype))
     if is_signed_int(dtype):
-        bad = ops.logical_or(bad, ops.equal(y, scalar(ctx, -1, dtype)))
-    return ops.where(bad, one, y)
+        bad = ops.logical_or(bad, mixed.equal(y, scalar(ctx, -1, dtype)))
+    return mixed.where(bad, one, y)
 
 
 def _trunc_div(ctx, x, y):
@@ -193,9 +193,9 @@ def _trunc_div(ctx, x, y):
     if not is_signed_int(dtype):
         return q
     zero = scalar(ctx, 0, dtype)
-    inexact = ops.not_equal(ops.mul(q, y), x)
-    signs_differ = ops.not_equal(ops.greater(zero, x), ops.greater(zero, y))
-    return ops.where(ops.logical_and(inexact, signs_differ), ops.add(q, scalar(ctx, 1, dtype)), q)
+    inexact = mixed.not_equal(ops.mul(q, y), x)
+    signs_differ = mixed.not_equal(mixed.greater(zero, x), mixed.greater(zero, y))
+    return mixed.where(ops.logical_and(inexact, signs_differ), ops.add(q, scalar(ctx, 1, dtype)), q)
 
 
 @rules.register(P.div_p)
@@ -207,18 +207,18 @@ def lower_div(ctx, x, y):
             # MAX folds 0 / y to +0, also where y is 0 or NaN (jnp.mean of an
             # empty array, whose sum is the constant 0, was 0): IEEE's answer.
             zero = scalar(ctx, 0, dtype)
-            signed = ops.where(ops.not_equal(sign_bit(ctx, x, dtype), sign_bit(ctx, y, dtype)),
-                               scalar(ctx, -0.0, dtype), zero)
-            undefined = ops.logical_or(ops.is_nan(y), ops.equal(y, zero))
-            q = ops.where(ops.equal(x, zero),
-                          ops.where(undefined, scalar(ctx, np.nan, dtype), signed), q)
+            signed = mixed.where(mixed.not_equal(sign_bit(ctx, x, dtype), sign_bit(ctx, y, dtype)),
+                                 scalar(ctx, -0.0, dtype), zero)
+            undefined = ops.logical_or(ops.is_nan(y), mixed.equal(y, zero))
+            q = mixed.where(mixed.equal(x, zero),
+                            mixed.where(undefined, scalar(ctx, np.nan, dtype), signed), q)
         return q
     safe = _safe_int_divisor(ctx, y)
     q = _trunc_div(ctx, x, safe)
     if is_signed_int(dtype):  # x / -1 == -x, wrapping INT_MIN like XLA
-        q = ops.where(ops.equal(y, scalar(ctx, -1, dtype)), ops.negate(x), q)
+        q = mixed.where(mixed.equal(y, scalar(ctx, -1, dtype)), ops.negate(x), q)
     all_ones = scalar(ctx, -1 if is_signed_int(dtype) else np.iinfo(dtype).max, dtype)
-    return ops.where(ops.equal(y, scalar(ctx, 0, dtype)), all_ones, q)
+    return mixed.where(mixed.equal(y, scalar(ctx, 0, dtype)), all_ones, q)
 
 
 @rules.register(P.rem_p)
@@ -230,8 +230,8 @@ def lower_rem(ctx, x, y):
     safe = _safe_int_divisor(ctx, y)
     r = ops.sub(x, ops.mul(_trunc_div(ctx, x, safe), safe))
     if is_signed_int(dtype):
-        r = ops.where(ops.equal(y, scalar(ctx, -1, dtype)), scalar(ctx, 0, dtype), r)
-    return ops.where(ops.equal(y, scalar(ctx, 0, dtype)), x, r)
+        r = mixed.where(mixed.equal(y, scalar(ctx, -1, dtype)), scalar(ctx, 0, dtype), r)
+    return mixed.where(mixed.equal(y, scalar(ctx, 0, dtype)), x, r)
 
 
 def _float_rem(ctx, x, y):
@@ -247,19 +247,19 @@ def _float_rem(ctx, x, y):
     zero = const(0.0)
     ax, ay = ops.abs(x), ops.abs(y)
     ar = ops.sub(ax, ops.mul(ops.trunc(ops.div(ax, ay)), ay))
-    ar = ops.where(ops.greater_equal(ar, ay), ops.sub(ar, ay), ar)
-    ar = ops.where(ops.greater(zero, ar), ops.add(ar, ay), ar)
+    ar = mixed.where(mixed.greater_equal(ar, ay), ops.sub(ar, ay), ar)
+    ar = mixed.where(mixed.greater(zero, ar), ops.add(ar, ay), ar)
     # The dividend's sign, zeros included (fmod(-2, 2) == -0.0)
     negative = sign_bit(ctx, x, np.float64)
-    r = ops.where(negative, ops.negate(ar), ar)
-    r = ops.where(ops.equal(ar, zero), ops.where(negative, const(-0.0), zero), r)
+    r = mixed.where(negative, ops.negate(ar), ar)
+    r = mixed.where(mixed.equal(ar, zero), mixed.where(negative, const(-0.0), zero), r)
     # fmod(x, +-inf) == x for finite x
-    r = ops.where(ops.logical_and(ops.is_inf(y), ops.logical_not(
+    r = mixed.where(ops.logical_and(ops.is_inf(y), ops.logical_not(
         ops.logical_or(ops.is_inf(x), ops.is_nan(x)))), x, r)
     # NaN for a NaN operand, an infinite x or a zero y
     undefined = ops.logical_or(nan.unordered(x, y), ops.logical_or(
-        ops.is_inf(x), ops.equal(y, zero)))
-    return ops.where(undefined, const(float("nan")), r)
+        ops.is_inf(x), mixed.equal(y, zero)))
+    return mixed.where(undefined, const(float("nan")), r)
 
 
 # --- max / min: NaN propagates, -0.0 < +0.0 ----------------------------------
@@ -278,22 +278,22 @@ def _extremum(x, y, beats, critical_zero_negative, zero_tie):
         return _extremum(y, x, beats, critical_zero_negative, zero_tie)  # the constant second
     if c is not None and other is None and not np.isnan(c):
         if c == 0 and np.signbit(c) == critical_zero_negative:  # relu: +0.0 for -0.0 too
-            return ops.where(beats(x, y), x, ops.where(ops.is_nan(x), x, y))
-        return ops.where(beats(y, x), y, x)  # ties, NaN: x
-    tie = ops.where(ops.equal(x, _constant_like(x, 0)), zero_tie(x, y), x)
-    tie_or_nan = ops.where(ops.is_nan(y), y, tie)
-    return ops.where(beats(x, y), x, ops.where(beats(y, x), y, tie_or_nan))
+            return mixed.where(beats(x, y), x, mixed.where(ops.is_nan(x), x, y))
+        return mixed.where(beats(y, x), y, x)  # ties, NaN: x
+    tie = mixed.where(mixed.equal(x, _constant_like(x, 0)), zero_tie(x, y), x)
+    tie_or_nan = mixed.where(ops.is_nan(y), y, tie)
+    return mixed.where(beats(x, y), x, mixed.where(beats(y, x), y, tie_or_nan))
 
 
 def maximum(x, y):
     """XLA's max of float MAX values (also for other packs' rules)."""
-    return _extremum(x, y, ops.greater, False, ops.add)  # -0 + +0 is +0
+    return _extremum(x, y, mixed.greater, False, ops.add)  # -0 + +0 is +0
 
 
 def minimum(x, y):
     """XLA's min of float MAX values."""
     # -(-0 + -(+0)) is -0: the sum of the negated zeros, negated
-    return _extremum(x, y, lambda a, b: ops.greater(b, a), True,
+    return _extremum(x, y, lambda a, b: mixed.greater(b, a), True,
                      lambda a, b: ops.negate(ops.add(ops.negate(a), ops.negate(b))))
 
 
@@ -358,34 +358,34 @@ def _float_pow(ctx, x, y):
     zero, one = const(0.0), const(1.0)
     ax = ops.abs(x)
     finite_y = ops.logical_not(ops.logical_or(ops.is_inf(y), ops.is_nan(y)))
-    integer_y = ops.logical_and(finite_y, ops.equal(ops.floor(y), y))
+    integer_y = ops.logical_and(finite_y, mixed.equal(ops.floor(y), y))
     half = ops.mul(y, const(0.5))
-    odd_y = ops.logical_and(integer_y, ops.not_equal(ops.floor(half), half))
+    odd_y = ops.logical_and(integer_y, mixed.not_equal(ops.floor(half), half))
     negative = sign_bit(ctx, x, np.float64)
-    safe_base = ops.where(ops.logical_or(ops.equal(ax, zero), ops.is_inf(ax)), one, ax)
-    large_y = ops.logical_and(finite_y, ops.greater_equal(ops.abs(y), const(_BY_LOG)))
+    safe_base = mixed.where(ops.logical_or(mixed.equal(ax, zero), ops.is_inf(ax)), one, ax)
+    large_y = ops.logical_and(finite_y, mixed.greater_equal(ops.abs(y), const(_BY_LOG)))
     moderate_y = ops.logical_and(finite_y, ops.logical_not(large_y))
-    mag = ops.pow(safe_base, ops.where(moderate_y, y, one))
+    mag = ops.pow(safe_base, mixed.where(moderate_y, y, one))
     # The exponent is clamped so that exp never sees an infinity (MAX's
     # kernels assume none); exp(+-2000) is already inf / 0 in float64.
-    exponent = ops.mul(ops.where(large_y, y, one), ops.log(safe_base))
+    exponent = ops.mul(mixed.where(large_y, y, one), ops.log(safe_base))
     exponent = ops.min(ops.max(exponent, const(-2000.0)), const(2000.0))
-    mag = ops.where(large_y, _exp(exponent), mag)
-    y_pos = ops.greater(y, zero)
+    mag = mixed.where(large_y, _exp(exponent), mag)
+    y_pos = mixed.greater(y, zero)
     inf = const(float("inf"))
-    mag = ops.where(ops.is_inf(ax), ops.where(y_pos, inf, zero), mag)
-    mag = ops.where(ops.equal(ax, zero), ops.where(y_pos, zero, inf), mag)
-    big_or_small = ops.where(ops.greater(ax, one), ops.where(y_pos, inf, zero),
-                             ops.where(y_pos, zero, inf))
-    mag = ops.where(ops.is_inf(y), ops.where(ops.equal(ax, one), one, big_or_small), mag)
-    result = ops.where(ops.logical_and(negative, odd_y), ops.negate(mag), mag)
+    mag = mixed.where(ops.is_inf(ax), mixed.where(y_pos, inf, zero), mag)
+    mag = mixed.where(mixed.equal(ax, zero), mixed.where(y_pos, zero, inf), mag)
+    big_or_small = mixed.where(mixed.greater(ax, one), mixed.where(y_pos, inf, zero),
+                               mixed.where(y_pos, zero, inf))
+    mag = mixed.where(ops.is_inf(y), mixed.where(mixed.equal(ax, one), one, big_or_small), mag)
+    result = mixed.where(ops.logical_and(negative, odd_y), ops.negate(mag), mag)
     finite_x = ops.logical_not(ops.logical_or(ops.is_inf(x), ops.is_nan(x)))
-    no_real_root = ops.logical_and(ops.logical_and(ops.greater(zero, x), finite_x),
+    no_real_root = ops.logical_and(ops.logical_and(mixed.greater(zero, x), finite_x),
                                    ops.logical_and(finite_y, ops.logical_not(integer_y)))
-    result = ops.where(ops.logical_or(nan.unordered(x, y), no_real_root), const(float("nan")),
-                       result)
+    result = mixed.where(ops.logical_or(nan.unordered(x, y), no_real_root), const(float("nan")),
+                         result)
     # pow(x, 0) == 1 and pow(1, y) == 1 even for NaN
-    return ops.where(ops.logical_or(ops.equal(y, zero), ops.equal(x, one)), one, result)
+    return mixed.where(ops.logical_or(mixed.equal(y, zero), mixed.equal(x, one)), one, result)
 
 
 @rules.register(P.exp2_p)
@@ -402,10 +402,10 @@ def lower_sign(ctx, x):
     dtype = ctx.avals_in[0].dtype
     one, zero = scalar(ctx, 1, dtype), scalar(ctx, 0, dtype)
     if is_unsigned_int(dtype):
-        return ops.where(ops.greater(x, zero), one, ops.broadcast_to(zero, x.shape))
+        return mixed.where(mixed.greater(x, zero), one, ops.broadcast_to(zero, x.shape))
     neg_one = scalar(ctx, -1, dtype)
     # Keeps x where it is neither >0 nor <0: zeros (with their sign) and NaN.
-    return ops.where(ops.greater(x, zero), one, ops.where(ops.greater(zero, x), neg_one, x))
+    return mixed.where(mixed.greater(x, zero), one, mixed.where(mixed.greater(zero, x), neg_one, x))
 
 
 @rules.register(P.round_p)
@@ -414,8 +414,8 @@ def lower_round(ctx, x, *, rounding_method):
         return ops.round(x)
     dtype = ctx.avals_in[0].dtype
     truncated = ops.trunc(x)
-    away = ops.greater_equal(ops.abs(ops.sub(x, truncated)), scalar(ctx, 0.5, dtype))
-    return ops.where(away, ops.add(truncated, lower_sign(ctx, x)), truncated)
+    away = mixed.greater_equal(ops.abs(ops.sub(x, truncated)), scalar(ctx, 0.5, dtype))
+    return mixed.where(away, ops.add(truncated, lower_sign(ctx, x)), truncated)
 
 
 @rules.register(P.is_finite_p)
@@ -438,11 +438,11 @@ def lower_expm1(ctx, x, *, accuracy=None):
     accurate = ops.div(ops.mul(um1, x), ops.log(u))
     # ... and needed only there: for |x| > 1 u - 1 does not cancel, and
     # (u - 1) * x overflows from x ~ 86 (float32) on.
-    accurate = ops.where(ops.greater(ops.abs(x), one), um1, accurate)
-    result = ops.where(ops.equal(u, one), x, accurate)
-    result = ops.where(ops.equal(um1, scalar(ctx, -1, dtype)), um1, result)
-    return ops.where(ops.logical_or(ops.is_inf(u), ops.is_nan(x)), ops.where(ops.is_nan(x), x, u),
-                     result)
+    accurate = mixed.where(mixed.greater(ops.abs(x), one), um1, accurate)
+    result = mixed.where(mixed.equal(u, one), x, accurate)
+    result = mixed.where(mixed.equal(um1, scalar(ctx, -1, dtype)), um1, result)
+    return mixed.where(ops.logical_or(ops.is_inf(u), ops.is_nan(x)),
+                       mixed.where(ops.is_nan(x), x, u), result)
 
 
 # --- logic -----------------------------------------------------------------------
@@ -474,10 +474,10 @@ def lower_select_n(ctx, which, *cases):
         return broadcast_to(cases[0], shape)
     which_dtype = ctx.avals_in[0].dtype
     if is_bool(which_dtype):
-        return broadcast_to(ops.where(which, cases[1], cases[0]), shape)
+        return broadcast_to(mixed.where(which, cases[1], cases[0]), shape)
     result = cases[-1]
     for i in range(len(cases) - 2, -1, -1):
-        result = ops.where(ops.equal(which, scalar(ctx, i, which_dtype)), cases[i], result)
+        result = mixed.where(mixed.equal(which, scalar(ctx, i, which_dtype)), cases[i], result)
     return broadcast_to(result, shape)
 
 
@@ -490,7 +490,7 @@ def lower_convert_element_type(ctx, x, *, new_dtype, weak_type, sharding):
     if src == dst:
         return x
     if is_bool(dst):  # NaN converts to True, as x != 0
-        ne = nan.not_equal if is_float(src) else ops.not_equal
+        ne = nan.not_equal if is_float(src) else mixed.not_equal
         return ne(x, scalar(ctx, 0, src))
     if is_float(src) and not is_float(dst) and not is_bool(dst):
         return _float_to_int(ctx, x, src, dst)
@@ -503,14 +503,14 @@ def _float_to_int(ctx, x, src, dst):
     # The bounds as floats: powers of two, so exact in every float type.
     upper = float(2 ** (info.bits - 1 if info.min < 0 else info.bits))
     zero_f = scalar(ctx, 0, src)
-    x = ops.where(ops.is_nan(x), zero_f, x)
-    too_big = ops.greater_equal(x, scalar(ctx, upper, src))
+    x = mixed.where(ops.is_nan(x), zero_f, x)
+    too_big = mixed.greater_equal(x, scalar(ctx, upper, src))
     lower_bound = float(info.min) if info.min < 0 else 0.0
-    too_small = ops.greater(scalar(ctx, lower_bound, src), x)
-    in_range = ops.where(ops.logical_or(too_big, too_small), zero_f, x)
+    too_small = mixed.greater(scalar(ctx, lower_bound, src), x)
+    in_range = mixed.where(ops.logical_or(too_big, too_small), zero_f, x)
     result = ops.cast(in_range, ctx.max_dtype(dst))
-    result = ops.where(too_big, scalar(ctx, info.max, dst), result)
-    return ops.where(too_small, scalar(ctx, info.min, dst), result)
+    result = mixed.where(too_big, scalar(ctx, info.max, dst), result)
+    return mixed.where(too_small, scalar(ctx, info.min, dst), result)
 
 
 # --- primitives of newer jax releases (not registered where jax lacks them) -----

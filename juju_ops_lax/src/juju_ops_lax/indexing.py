@@ -23,6 +23,7 @@ from max.graph import ops
 from juju import RuleSet
 from juju import primitives as P
 from juju_ops_lax._util import exact_unfused_copy, is_bool, is_float, is_signed_int, scalar
+from juju_ops_lax import mixed
 
 rules = RuleSet()
 
@@ -114,7 +115,7 @@ def _gather_flat(ctx, operand, indices, dnums, slice_sizes, mode):
         hi = scalar(ctx, op_shape[d] - slice_sizes[d], _I64)
         lo = scalar(ctx, 0, _I64)
         if fill:
-            masks.append(ops.logical_and(ops.greater_equal(s, lo), ops.greater_equal(hi, s)))
+            masks.append(ops.logical_and(mixed.greater_equal(s, lo), mixed.greater_equal(hi, s)))
         s = ops.min(ops.max(s, lo), hi)
         parts.append(ops.mul(s, scalar(ctx, strides[d], _I64)))
     for k, d in enumerate(dnums.operand_batching_dims):
@@ -154,7 +155,7 @@ def lower_gather(ctx, operand, indices, *, dimension_numbers, slice_sizes,
         result = exact_unfused_copy(ctx, result, dtype)
     if valid is not None:
         fill = scalar(ctx, _fill_value(dtype, fill_value), dtype)
-        result = ops.where(valid, result, fill)
+        result = mixed.where(valid, result, fill)
     return result
 
 
@@ -185,7 +186,7 @@ def _scatter_flat(ctx, indices, dnums, mode):
         if clip:
             s = ops.min(ops.max(s, lo), hi)
         else:
-            masks.append(ops.logical_and(ops.greater_equal(s, lo), ops.greater_equal(hi, s)))
+            masks.append(ops.logical_and(mixed.greater_equal(s, lo), mixed.greater_equal(hi, s)))
         parts.append(ops.mul(s, scalar(ctx, strides[d], _I64)))
     for k, d in enumerate(dnums.operand_batching_dims):
         b = scatter_pos[dnums.scatter_indices_batching_dims[k]]
@@ -205,7 +206,7 @@ def scatter_targets(ctx, indices, dimension_numbers, mode):
     flat, valid = _scatter_flat(ctx, indices, dimension_numbers, mode)
     n = math.prod(ctx.avals_in[0].shape)
     if valid is not None:
-        flat = ops.where(valid, flat, scalar(ctx, n, _I64))
+        flat = mixed.where(valid, flat, scalar(ctx, n, _I64))
     return ops.reshape(flat, [math.prod(ctx.avals_in[2].shape)])
 
 
@@ -242,7 +243,7 @@ def _via_int(op):
             return _nan_aware(ctx, op, target, updates, flat)
         i32 = ctx.max_dtype(np.int32)
         out = op(ops.cast(target, i32), ops.cast(updates, i32), flat)
-        return ops.not_equal(out, scalar(ctx, 0, np.int32))
+        return mixed.not_equal(out, scalar(ctx, 0, np.int32))
 
     return combine
 
@@ -256,7 +257,7 @@ def _nan_aware(ctx, op, target, updates, flat):
     hit = ops.scatter_nd_max(ops.cast(ops.is_nan(target), i32),
                              ops.cast(ops.is_nan(updates), i32), flat)
     nan = scalar(ctx, np.nan, ctx.avals_in[0].dtype)
-    return ops.where(ops.greater(hit, scalar(ctx, 0, np.int32)), nan, out)
+    return mixed.where(mixed.greater(hit, scalar(ctx, 0, np.int32)), nan, out)
 
 
 rules.register(P.scatter_p)(_scatter_rule(_scatter_replace))

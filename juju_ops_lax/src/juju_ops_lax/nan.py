@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from max.graph import ops
 
+from juju_ops_lax import mixed
+
 
 def unordered(x, y):
     """True where x or y is NaN."""
@@ -18,7 +20,7 @@ def unordered(x, y):
 
 def equal(x, y):
     """IEEE x == y for floats (false where either is NaN, also for x is y)."""
-    return ops.logical_and(ops.equal(x, y), ops.logical_not(unordered(x, y)))
+    return ops.logical_and(mixed.equal(x, y), ops.logical_not(unordered(x, y)))
 
 
 def not_equal(x, y):
@@ -41,7 +43,7 @@ def passthrough(op):
     """op(x), but NaN where x is NaN (op's kernel assumes x is not NaN)."""
 
     def safe(x):
-        return ops.where(ops.is_nan(x), x, op(x))
+        return mixed.where(ops.is_nan(x), x, op(x))
 
     safe.__name__ = op.__name__
     return safe

@@ -16,6 +16,7 @@ from juju_ops_lax._util import (
     is_bool, is_float, is_negative_zero, reduce_axis, scalar, scalar_copy, sum_to_shape,
     unfused_copy,
 )
+from juju_ops_lax import mixed
 
 rules = RuleSet()
 
@@ -110,7 +111,7 @@ def _fold_short_axis(op, ctx, x):
         nan = ops.is_nan(parts[0])
         for part in parts[1:]:
             nan = ops.logical_or(nan, ops.is_nan(part))
-        result = ops.where(nan, scalar(ctx, np.nan, ctx.avals_in[0].dtype), result)
+        result = mixed.where(nan, scalar(ctx, np.nan, ctx.avals_in[0].dtype), result)
     # Written to memory: MAX would fuse the fold, and with it the producer of
     # all k slices, into each element a consumer reads (a logsumexp's
     # exp(x - max) took 5x as long). The sign of a zero max/min is MAX's
@@ -151,24 +152,24 @@ def _nan_aware(op):
             return result
         int32 = ctx.max_dtype(np.int32)
         zero = scalar(ctx, 0, dtype)
-        on_side = ops.greater(zero, x) if is_max else ops.greater(x, zero)
+        on_side = mixed.greater(zero, x) if is_max else mixed.greater(x, zero)
         at_identity = ops.logical_and(ops.is_inf(x), on_side)
-        is_zero = ops.equal(x, zero)
+        is_zero = mixed.equal(x, zero)
         negative_zero = is_negative_zero(ctx, x, dtype, is_zero)
         winning_zero = (ops.logical_and(is_zero, ops.logical_not(negative_zero))
                         if is_max else negative_zero)
-        flag = ops.where(ops.is_nan(x), scalar(ctx, 3, np.int32),
-                         ops.where(winning_zero, scalar(ctx, 2, np.int32),
-                                   ops.cast(ops.logical_not(at_identity), int32)))
+        flag = mixed.where(ops.is_nan(x), scalar(ctx, 3, np.int32),
+                           mixed.where(winning_zero, scalar(ctx, 2, np.int32),
+                                       ops.cast(ops.logical_not(at_identity), int32)))
         worst = _reduce(ops.max, ctx, flag, axes)
         identity = -np.inf if is_max else np.inf
-        result = ops.where(ops.equal(worst, scalar(ctx, 0, np.int32)),
-                           scalar(ctx, identity, dtype), result)
-        meets_winner = ops.logical_and(ops.equal(worst, scalar(ctx, 2, np.int32)),
-                                       ops.equal(result, zero))
-        result = ops.where(meets_winner, scalar(ctx, 0.0 if is_max else -0.0, dtype), result)
-        return ops.where(ops.equal(worst, scalar(ctx, 3, np.int32)),
-                         scalar(ctx, np.nan, dtype), result)
+        result = mixed.where(mixed.equal(worst, scalar(ctx, 0, np.int32)),
+                             scalar(ctx, identity, dtype), result)
+        meets_winner = ops.logical_and(mixed.equal(worst, scalar(ctx, 2, np.int32)),
+                                       mixed.equal(result, zero))
+        result = mixed.where(meets_winner, scalar(ctx, 0.0 if is_max else -0.0, dtype), result)
+        return mixed.where(mixed.equal(worst, scalar(ctx, 3, np.int32)),
+                           scalar(ctx, np.nan, dtype), result)
 
     lower.__qualname__ = f"lower_reduce_{op.__name__}"
     return lower
@@ -228,8 +229,9 @@ def _arg_reduce(op, name):
             nan_as_int = ops.cast(nan, ctx.max_dtype(np.int32))
             nan_index = reduce_axis(ops.argmax, nan_as_int, axis)
             index = reduce_axis(op, x, axis)
-            any_nan = reduce_axis(ops.max, nan_as_int, axis)
-            index = ops.where(ops.greater(any_nan, scalar(ctx, 0, np.int32)), nan_index, index)
+            nan_seen = reduce_axis(ops.max, nan_as_int, axis)
+            any_nan = mixed.greater(nan_seen, scalar(ctx, 0, np.int32))
+            index = mixed.where(any_nan, nan_index, index)
             return ops.reshape(ops.cast(index, ctx.max_dtype(index_dtype)), list(ctx.aval_out.shape))
         index = reduce_axis(op, x, axis)
         return ops.reshape(ops.cast(index, ctx.max_dtype(index_dtype)), list(ctx.aval_out.shape))

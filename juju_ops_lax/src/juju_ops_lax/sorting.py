@@ -25,6 +25,7 @@ from max.graph import ops
 from juju import RuleSet
 from juju import primitives as P
 from juju_ops_lax._util import is_bool, is_float, reduce_axis, scalar, sign_bit
+from juju_ops_lax import mixed
 
 rules = RuleSet()
 _I64 = np.int64
@@ -37,14 +38,14 @@ def _lt_eq(ctx, a, b, dtype, signed_zeros=False):
         i32 = ctx.max_dtype(np.int32)
         a, b = ops.cast(a, i32), ops.cast(b, i32)
     if not is_float(dtype):
-        return ops.greater(b, a), ops.equal(a, b)
+        return mixed.greater(b, a), mixed.equal(a, b)
     nan_a, nan_b = ops.is_nan(a), ops.is_nan(b)
-    num_eq = ops.equal(a, b)
-    lt = ops.greater(b, a)
+    num_eq = mixed.equal(a, b)
+    lt = mixed.greater(b, a)
     if signed_zeros:
         sa, sb = sign_bit(ctx, a, dtype), sign_bit(ctx, b, dtype)
         lt = ops.logical_or(lt, ops.logical_and(num_eq, ops.logical_and(sa, ops.logical_not(sb))))
-        num_eq = ops.logical_and(num_eq, ops.equal(sa, sb))
+        num_eq = ops.logical_and(num_eq, mixed.equal(sa, sb))
     lt = ops.logical_and(ops.logical_not(nan_a), ops.logical_or(lt, nan_b))
     eq = ops.logical_or(ops.logical_and(num_eq, ops.logical_not(ops.logical_or(nan_a, nan_b))),
                         ops.logical_and(nan_a, nan_b))
@@ -84,7 +85,7 @@ def _ranks(ctx, keys, dtypes, n, descending=False, signed_zeros=False):
             eq_all = ops.logical_and(eq_all, eq)
     i = ops.reshape(ctx.constant(np.arange(n, dtype=_I64), _I64), [n, 1])
     j = ops.reshape(ctx.constant(np.arange(n, dtype=_I64), _I64), [1, n])
-    before = ops.logical_or(lt_all, ops.logical_and(eq_all, ops.greater(i, j)))
+    before = ops.logical_or(lt_all, ops.logical_and(eq_all, mixed.greater(i, j)))
     count = reduce_axis(ops.sum, ops.cast(before, ctx.max_dtype(_I64)), -1)
     return ops.reshape(count, list(keys[0].shape))
 
@@ -95,7 +96,7 @@ def _permutation(ctx, ranks, n):
     r = ops.reshape(ranks, shape + [1])
     j = ops.reshape(ctx.constant(np.arange(n, dtype=_I64), _I64), [1, n])
     i = ops.reshape(ctx.constant(np.arange(n, dtype=_I64), _I64), [n, 1])
-    hit = ops.cast(ops.equal(r, j), ctx.max_dtype(_I64))
+    hit = ops.cast(mixed.equal(r, j), ctx.max_dtype(_I64))
     perm = reduce_axis(ops.sum, ops.mul(hit, i), -2)
     return ops.reshape(perm, shape)
 

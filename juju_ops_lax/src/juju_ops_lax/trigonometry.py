@@ -15,6 +15,8 @@ from __future__ import annotations
 from max.dtype import DType
 from max.graph import ops
 
+from juju_ops_lax import mixed
+
 #: 2/pi scaled by 2^24, pi/2 (double), and the two polynomials on
 #: [-pi/4, pi/4] (cosine c0..c4, sine s1..s3) of optimized-routines.
 _HPI_INV = float.fromhex("0x1.45F306DC9C883p+23")
@@ -52,7 +54,7 @@ def _sin_cos(x, libm_op, quarter_turns):
         return ops.sub(v, ops.mul(ops.floor(ops.mul(v, f64(0.25))), f64(4.0)))
 
     magnitude = ops.abs(x)
-    slow = ops.logical_or(ops.greater_equal(magnitude, f32(_FAST_BELOW)), ops.is_nan(x))
+    slow = ops.logical_or(mixed.greater_equal(magnitude, f32(_FAST_BELOW)), ops.is_nan(x))
     # A multiply, not a select: MAX would hoist libm_op through where(slow, x, 0).
     libm = libm_op(ops.mul(x, ops.cast(slow, DType.float32)))
 
@@ -73,10 +75,10 @@ def _sin_cos(x, libm_op, quarter_turns):
         ops.mul(ops.mul(r4, r2), ops.add(f64(_COS[3]), ops.mul(r2, f64(_COS[4])))))
     # Quadrants 1 and 3 take the cosine, 2 and 3 the negation (both polynomials
     # are symmetric, so negating the result gives glibc's bits).
-    odd = ops.logical_or(ops.equal(quadrant, f64(1.0)), ops.equal(quadrant, f64(3.0)))
-    value = ops.where(odd, cosine, sine)
-    value = ops.cast(ops.where(ops.greater_equal(quadrant, f64(2.0)), ops.negate(value), value),
+    odd = ops.logical_or(mixed.equal(quadrant, f64(1.0)), mixed.equal(quadrant, f64(3.0)))
+    value = mixed.where(odd, cosine, sine)
+    value = ops.cast(mixed.where(mixed.greater_equal(quadrant, f64(2.0)), ops.negate(value), value),
                      DType.float32)
     if quarter_turns == 0:  # sinf(x) = x for tiny x: keeps -0.0 and subnormals
-        value = ops.where(ops.greater(f32(_SIN_IS_X_BELOW), magnitude), x, value)
-    return ops.where(slow, libm, value)
+        value = mixed.where(mixed.greater(f32(_SIN_IS_X_BELOW), magnitude), x, value)
+    return mixed.where(slow, libm, value)

@@ -24,6 +24,7 @@ from juju._compat import open_jaxpr
 from juju.dtypes import is_float
 from juju.patterns import Any, Lit, Op, Opt, X, is_number, near, positive
 from juju_ops_lax.elementwise import maximum
+from juju_ops_lax import mixed
 from juju_ops_nn.patterns import Pattern, nn_fused_p, rewrite_closed_jaxpr
 
 rules = RuleSet()
@@ -257,12 +258,12 @@ def nan_rows(op):
             return ops.constant(value, dtype, device=v.device)
 
         infinite = ops.is_inf(v)
-        negative = ops.greater(const(0, v.dtype), v)
-        flag = ops.where(ops.logical_or(ops.is_nan(v), ops.logical_and(
+        negative = mixed.greater(const(0, v.dtype), v)
+        flag = mixed.where(ops.logical_or(ops.is_nan(v), ops.logical_and(
             infinite, ops.logical_not(negative))), const(2),
-            ops.where(infinite, const(0), const(1)))
-        bad = ops.not_equal(ops.max(flag, axis=-1), const(1))
-        return ops.where(bad, const(float("nan"), v.dtype), op(v))
+            mixed.where(infinite, const(0), const(1)))
+        bad = mixed.not_equal(ops.max(flag, axis=-1), const(1))
+        return mixed.where(bad, const(float("nan"), v.dtype), op(v))
 
     safe.__name__ = getattr(op, "__name__", "op")
     return safe
@@ -312,7 +313,7 @@ def _relu(x):
 
 
 def _silu(x):
-    return ops.where(ops.is_nan(x), x, ops.silu(x))
+    return mixed.where(ops.is_nan(x), x, ops.silu(x))
 
 
 _NAMED_UNARY = {"silu": _silu, "relu": _relu}

@@ -23,6 +23,7 @@ from juju.lowering_helpers import with_dtype
 from juju import primitives as P
 from juju._compat import ClosedJaxpr
 from juju_ops_lax.elementwise import maximum, minimum
+from juju_ops_lax import mixed
 from juju_ops_nn._layout import dilate, pad_or_crop, window_slices
 
 rules = RuleSet()
@@ -111,7 +112,7 @@ def lower_reduce_window(ctx, *operands_and_inits, jaxpr, consts, window_dimensio
     acc = [ops.broadcast_to(ops.reshape(init, [1]), [size]) for init in inits]
     for i in range(len(views_per_operand[0])):
         new = ctx.lower(body, *acc, *(flat(views[i]) for views in views_per_operand))
-        acc = new if keeps is None else [ops.where(keeps[i], n, a) for n, a in zip(new, acc)]
+        acc = new if keeps is None else [mixed.where(keeps[i], n, a) for n, a in zip(new, acc)]
     return [ops.reshape(a, out_shape) for a in acc]
 
 
@@ -156,7 +157,7 @@ def lower_select_and_scatter_add(ctx, source, operand, *, select_prim, window_di
             with_dtype(ctx, np.int32), ops.cast(source, DType.int32), ops.cast(operand, DType.int32),
             select_prim=select_prim, window_dimensions=window_dimensions,
             window_strides=window_strides, padding=padding)
-        return ops.not_equal(total, ops.constant(0, DType.int32, device=total.device))
+        return mixed.not_equal(total, ops.constant(0, DType.int32, device=total.device))
     name = _select_op(select_prim)
     aval = ctx.avals_in[1]
     sign = -1 if name in ("ge", "gt") else +1
@@ -175,13 +176,13 @@ def lower_select_and_scatter_add(ctx, source, operand, *, select_prim, window_di
     total = None
     contributions = {}
     for offset, view in views:
-        hit = ops.equal(view, best)
+        hit = mixed.equal(view, best)
         if taken is not None:
             hit = ops.logical_and(hit, ops.logical_not(taken))
             taken = ops.logical_or(taken, hit)
         else:
             taken = hit
-        contribution = ops.where(hit, source, zero)
+        contribution = mixed.where(hit, source, zero)
         if tiles:
             contributions[offset] = contribution
             continue
@@ -246,7 +247,7 @@ def lower_select_and_gather_add(ctx, tangents, operand, *, select_prim, window_d
     best_x, best_t = x_views[0], t_views[0]
     for xv, tv in zip(x_views[1:], t_views[1:]):
         # Strictly better only: the first extreme in window order wins.
-        better = ops.greater(xv, best_x) if sign < 0 else ops.greater(best_x, xv)
-        best_x = ops.where(better, xv, best_x)
-        best_t = ops.where(better, tv, best_t)
+        better = mixed.greater(xv, best_x) if sign < 0 else mixed.greater(best_x, xv)
+        best_x = mixed.where(better, xv, best_x)
+        best_t = mixed.where(better, tv, best_t)
     return best_t
