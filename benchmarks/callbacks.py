@@ -6,6 +6,12 @@ Per-call medians of: a small function with no callback, the same with one
 `jax.debug.callback` (a no-op) in the middle, and a 256-step `fori_loop`
 whose body holds that callback (per step). juju runs the program as MAX
 graphs between host steps (docs/callbacks.md).
+
+Then a loop whose callback sits behind a rarely taken `cond` in each step
+(as equinox's checks do): never taken (the loop runs whole in MAX, with a
+fired flag), the same loop with no callback in that branch (what the flag
+costs), and the branch taken at the last step (the MAX run, then the replay
+by jax.jit).
 """
 
 from __future__ import annotations
@@ -44,6 +50,29 @@ def loop(x):
     return jax.lax.fori_loop(0, STEPS, body, x)
 
 
+def _checked(threshold, with_callback=True):
+    def checked(x):
+        def body(i, c):
+            def fire(v):
+                if with_callback:
+                    jax.debug.callback(noop, v)
+                return v * 0.0
+
+            c = jax.lax.cond(c.sum() > threshold, fire, lambda v: v, c)
+            return jnp.tanh(c) * 0.5 + 0.1
+
+        return jax.lax.fori_loop(0, STEPS, body, x)
+
+    checked.__name__ = checked.__qualname__ = (
+        f"guarded_{'callback' if with_callback else 'no_callback'}_{threshold:g}")
+    return checked
+
+
+guarded_never = _checked(1e9)  # never taken
+guarded_reference = _checked(1e9, with_callback=False)  # the same loop, no callback
+guarded_taken = _checked(-1e9)  # taken in every step: the MAX run, then the replay
+
+
 def median_seconds(fn, x, repeats=30):
     fn(x)
     jax.effects_barrier()
@@ -61,16 +90,20 @@ def main():
     print("| program | juju | jax.jit |")
     print("|---|---:|---:|")
     results = {}
-    for f in (plain, one_callback, loop):
+    for f in (plain, one_callback, loop, guarded_never, guarded_reference, guarded_taken):
         mine = juju.jit(f, tiered=False)
         mine.lower(x).compile()
         results[f.__name__] = (median_seconds(mine, x), median_seconds(jax.jit(f), x))
     for name, (j, x_) in results.items():
         print(f"| {name} | {j * 1e6:.0f} us | {x_ * 1e6:.0f} us |")
-    (jp, xp), (jc, xc), (jl, xl) = results.values()
+    (jp, xp), (jc, xc), (jl, xl), (jn, xn), (jr, xr), (jt, xt) = results.values()
     print(f"\none callback adds {(jc - jp) * 1e6:.0f} us in juju, {(xc - xp) * 1e6:.0f} us in jax.jit; "
           f"a loop step with a callback costs {jl / STEPS * 1e6:.1f} us in juju, "
           f"{xl / STEPS * 1e6:.1f} us in jax.jit")
+    print(f"a guarded callback never taken costs {(jn - jr) / STEPS * 1e6:.2f} us a step "
+          f"over the same loop without it in juju ({(xn - xr) / STEPS * 1e6:.2f} us in "
+          f"jax.jit); taken, the call costs {jt * 1e6:.0f} us (MAX run and replay) against "
+          f"{xt * 1e6:.0f} us in jax.jit")
 
 
 if __name__ == "__main__":

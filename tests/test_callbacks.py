@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from jax.interpreters import mlir
+import jax.extend
 from jax.experimental import io_callback
 
 import juju
@@ -121,8 +123,105 @@ def under_grad(x):
     return jax.grad(loss)(x)
 
 
+def in_custom_vjp(x):
+    @jax.custom_vjp
+    def f(v):
+        return jax.pure_callback(host_sin, like(v), v)
+
+    def f_bwd(v, g):
+        jax.debug.callback(record("bwd"), g)
+        return (jnp.cos(v) * g,)
+
+    f.defvjp(lambda v: (f(v), v), f_bwd)
+    return jax.grad(lambda v: f(v).sum())(x), f(x)
+
+
+def in_custom_linear_solve(x):
+    a = jnp.diag(jnp.arange(1.0, 7.0)) + 0.1
+
+    def solve(matvec, b):
+        jax.debug.callback(record("solve"), b)
+        return jnp.linalg.solve(a, b)
+
+    return lax.custom_linear_solve(lambda v: a @ v, x, solve)
+
+
+def in_linear_call(x):
+    def callee(scale, v):
+        jax.debug.callback(record("callee"), v)
+        return v * scale
+
+    return jax.custom_derivatives.linear_call(callee, lambda s, t: t * s, 2.0, x)
+
+
+def in_checkpoint(x):
+    @jax.checkpoint
+    def f(v):
+        jax.debug.callback(record("remat"), v)
+        return jnp.sin(v) * 2
+
+    return jax.grad(lambda v: f(v).sum())(x)
+
+
+def _guarded_loop(threshold):
+    """A callback behind a rarely taken branch in each step, in a nested
+    jit (as equinox's checks are): the loop runs whole in MAX."""
+
+    def fn(x):
+        @jax.jit
+        def step(i, carry):
+            return lax.cond(carry.sum() > threshold,
+                            lambda c: jax.pure_callback(host_sin, like(c), c) + i,
+                            lambda c: c * 1.5, carry)
+
+        return lax.fori_loop(0, 8, step, x)
+
+    return fn
+
+
+cond_in_loop = _guarded_loop(50.0)  # X sums to 1.5: 1.5 * 1.5**8 < 50, never taken
+cond_in_loop_taken = _guarded_loop(4.0)  # taken from the 3rd step on: replayed
+
+
+def under_vmap_methods(x):
+    def per_row(row, scale):
+        outs = [jax.pure_callback(host_sin, like(row), row * scale * k, vmap_method=m)
+                for k, m in enumerate(("sequential", "sequential_unrolled", "expand_dims",
+                                       "broadcast_all"), 1)]
+        return sum(outs)
+
+    return jax.vmap(per_row, in_axes=(0, None))(x.reshape(2, -1), 0.5)
+
+
+def vmap_of_cond(x):  # a batched predicate: both branches run, as in jax
+    def per_row(row):
+        return lax.cond(row.sum() > 0,
+                        lambda v: jax.pure_callback(host_sin, like(v), v,
+                                                    vmap_method="sequential"),
+                        lambda v: v * 2, row)
+
+    return jax.vmap(per_row)(x.reshape(3, -1))
+
+
+# A library primitive whose XLA lowering is its JAX implementation, holding a
+# callback that only that implementation shows (as lineax's linear_solve does).
+checked_double_p = jax.extend.core.Primitive("test_checked_double")
+checked_double_p.def_abstract_eval(lambda x: x)
+mlir.register_lowering(checked_double_p, mlir.lower_fun(
+    lambda x: jax.pure_callback(host_sin, like(x), x) * 2, multiple_results=False))
+
+
+def in_library_primitive(x):
+    return checked_double_p.bind(x + 1)
+
+
 CASES = {f.__name__: f for f in (top_level, in_fori_loop, in_while_loop, in_scan, in_cond,
-                                  in_nested_jit, in_custom_jvp, under_vmap, under_grad)}
+                                  in_nested_jit, in_custom_jvp, under_vmap, under_grad,
+                                  in_custom_vjp, in_custom_linear_solve, in_linear_call,
+                                  in_checkpoint, under_vmap_methods, vmap_of_cond,
+                                  in_library_primitive)}
+CASES["cond_in_loop"] = cond_in_loop
+CASES["cond_in_loop_taken"] = cond_in_loop_taken
 X = np.linspace(-1.0, 1.5, 6, dtype=np.float32)
 
 
@@ -149,6 +248,11 @@ def _calls_and_output(run, capsys):
 @pytest.fixture(scope="module")
 def compiled():
     every = {**CASES, "raises_on_host": raises_on_host, "wrong_dtype": wrong_dtype}
+    try:
+        import equinox  # noqa: F401
+        every["eqx_checked"] = eqx_checked
+    except ImportError:
+        pass
     functions = {name: juju.jit(f, tiered=False) for name, f in every.items()}
     juju.compile_all([fn.lower(X) for fn in functions.values()])
     return functions
@@ -210,3 +314,31 @@ def test_staged_programs_lower_to_one_graph_per_segment(compiled):
     # io_callback, [z*3] after the debug callback
     assert len(lowered.graph) == 3
     assert "segment" in lowered.as_text()
+
+
+def test_guarded_callbacks_in_a_loop_run_whole_in_max(compiled):
+    # The loop and its cond are one MAX graph with the fired flag: no step
+    # runs on the host while the branch is not taken.
+    lowered = compiled["cond_in_loop"].lower(X)
+    assert [type(step).__name__ for step in lowered.plan.steps] == ["Segment"]
+    assert lowered.plan.steps[0].speculative
+
+
+def eqx_checked(x):
+    import equinox as eqx
+
+    x = eqx.error_if(x, x.sum() > 100.0, "sum too large")
+    return lax.fori_loop(0, 4, lambda i, c: eqx.error_if(
+        c * 1.5, ~jnp.isfinite(c).all(), "not finite"), x)
+
+
+def test_equinox_checks_raise_as_under_jax_jit(compiled):
+    pytest.importorskip("equinox")
+    fn = compiled["eqx_checked"]
+    assert_same(fn(X), jax.jit(eqx_checked)(X))
+    bad = X * 100
+    with pytest.raises(Exception) as want:
+        jax.jit(eqx_checked)(bad)
+    with pytest.raises(Exception) as got:  # jax's runtime error (the replay is jax.jit)
+        fn(bad)
+    assert "sum too large" in str(want.value) and "sum too large" in str(got.value)

@@ -54,6 +54,7 @@ def load_all() -> dict[str, Program]:
         optax_programs,
         sampling_programs,
         scipy_programs,
+        solver_programs,
     )
 
     return PROGRAMS

@@ -356,3 +356,11 @@ def max_worker_thread_ids() -> list[int]:
         if name.startswith(_MAX_WORKER_NAME):
             ids.append(int(tid))
     return ids
+
+
+def has_ordered_effects(eqn) -> bool:
+    """Whether `eqn` has ordered effects (an ordered io_callback or debug print
+    at any depth): their order against the other host steps must hold."""
+    from jax._src import effects
+
+    return bool(effects.ordered_effects.filter_in(eqn.effects))

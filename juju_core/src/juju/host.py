@@ -1,14 +1,16 @@
 """Programs with host callbacks: `jax.pure_callback`, `io_callback`,
-`jax.debug.print` and `jax.debug.callback` (also inside loops, branches and
-under `vmap`, as JAX's own batching rules rewrite them).
+`jax.debug.print` and `jax.debug.callback`, at any depth (`juju.callback_lifting`
+first lifts them out of calls, into the top level and cond/while/scan bodies).
 
-A MAX graph cannot call into Python, so a program whose jaxpr holds a
-callback at any depth is staged: the runs of equations between callbacks
-become MAX graphs (compiled together, in one MAX compilation), each callback
-runs on the host with JAX's own implementation, in program order, and the
-control flow whose body holds a callback (`while`, `scan`, `cond`, and the
-calls around them) is driven by the host, its bodies staged the same way.
-Graphs without callbacks are unaffected. docs/callbacks.md gives the cost.
+A MAX graph cannot call into Python, so a program with callbacks is staged:
+the runs of equations between callbacks become MAX graphs (compiled together,
+in one MAX compilation), each callback runs on the host with JAX's own
+implementation, in program order, and the control flow whose body holds a
+callback (`while`, `scan`, `cond`) is driven by the host, its bodies staged
+the same way. Control flow whose callbacks all sit behind a branch (equinox's
+checks) runs whole in MAX instead, replayed only when a branch fires
+(`juju.speculation`). Graphs without callbacks are unaffected.
+docs/callbacks.md gives the cost.
 """
 
 from __future__ import annotations
@@ -22,38 +24,21 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
 
-from juju import _compat
+from juju import _compat, speculation
 from juju._compat import is_complex_dtype, is_key_dtype
 from juju.arguments import host_buffer, max_driver, to_jax, to_numpy
+from juju.callback_lifting import (HostCallbackError, eqn_has_callbacks, has_callbacks,
+                                   is_callback, lift)
 from juju.errors import JujuError
 from juju.recording import RuleChoice
 from juju.stages import Lowered
 
-__all__ = ["has_callbacks", "StagedLowered"]
-
-
-class HostCallbackError(JujuError, NotImplementedError):
-    """A host callback where juju cannot stage it."""
+__all__ = ["has_callbacks", "lift", "StagedLowered", "HostCallbackError"]
 
 
 class HostCallbackResultError(JujuError, RuntimeError):
     """A callback returned other shapes or dtypes than it declared (as jax's
     RuntimeError)."""
-
-
-def is_callback(primitive) -> bool:
-    return primitive in _compat.host_callback_impls
-
-
-@functools.lru_cache(maxsize=4096)
-def _has_callbacks_cached(jaxpr) -> bool:
-    return any(is_callback(e.primitive) or any(
-        map(has_callbacks, _compat.sub_jaxprs_of_params(e.params))) for e in jaxpr.eqns)
-
-
-def has_callbacks(jaxpr) -> bool:
-    """Whether `jaxpr` (open or closed) calls back into Python at any depth."""
-    return _has_callbacks_cached(_compat.open_jaxpr(jaxpr))
 
 
 # --- the plan: steps over an environment of values --------------------------
@@ -85,19 +70,57 @@ class Plan:
 
 @dataclasses.dataclass
 class Segment:
-    """A run of equations without callbacks: one MAX graph."""
+    """A run of equations without callbacks: one MAX graph. A speculative
+    one holds guarded callbacks (`juju.speculation`): its graph also returns
+    whether a guarded branch fired, and then its equations are replayed."""
 
     in_vars: list
     out_vars: list
     lowered: Any
+    members: list = dataclasses.field(default_factory=list)  # its equations
     executable: Any = None
 
+    @property
+    def speculative(self) -> bool:
+        return any(isinstance(e, Speculated) for e in self.members)
+
     def run(self, env):
-        outs = self.executable.run([_read(env, v) for v in self.in_vars])
+        ins = [_read(env, v) for v in self.in_vars]
+        outs = self.executable.run(ins)
+        if self.speculative:
+            *outs, fired = outs
+            if bool(_host_value(fired)):
+                outs = self._replay(ins)
         env.update(zip(self.out_vars, outs))
+
+    def _replay(self, ins) -> list:
+        """The segment's equations run by jax.jit, callbacks and all."""
+        replay = self.__dict__.get("_replay_fn")
+        if replay is None:
+            original = [e.eqn if isinstance(e, Speculated) else e for e in self.members]
+            replay = self.__dict__["_replay_fn"] = speculation.replay(
+                _segment_function(original, self.in_vars, self.out_vars))
+        return [_host_value(o) for o in replay(*[_host_value(v) for v in ins])]
 
     def segments(self):
         yield self
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Speculated:
+    """An equation holding guarded callbacks, run in MAX (`juju.speculation`):
+    `fun(*invals)` returns its outputs and the fired flag."""
+
+    eqn: Any
+    fun: Any
+
+    @property
+    def invars(self):
+        return self.eqn.invars
+
+    @property
+    def outvars(self):
+        return self.eqn.outvars
 
 
 @dataclasses.dataclass
@@ -181,29 +204,10 @@ class Cond:
             yield from branch.segments()
 
 
-@dataclasses.dataclass
-class Inline:
-    """A call (pjit, closed_call, custom_jvp/vjp, remat) run as its body."""
-
-    eqn: Any
-    body: Plan
-
-    def run(self, env):
-        outs = self.body.run([_read(env, v) for v in self.eqn.invars])
-        env.update(zip(self.eqn.outvars, outs))
-
-    def segments(self):
-        yield from self.body.segments()
-
-
-# The params that hold a call's body, by how JAX's call-like primitives name it.
-_CALL_BODY_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
-
-
 def plan(jaxpr, consts, segment_lowerer) -> Plan:
     """The Plan of an open `jaxpr`; `segment_lowerer(eqns, in_vars, out_vars)`
     returns a segment's Lowered."""
-    eqns = jaxpr.eqns
+    eqns = [_speculated(e) for e in jaxpr.eqns]
     outputs = {v for v in jaxpr.outvars if not isinstance(v, _compat.Literal)}
     # Device equations run as early as their inputs allow (they are pure), so
     # that the equations between two host steps make one graph, not several;
@@ -245,12 +249,20 @@ def _close_run(steps, members, needed_later, segment_lowerer) -> None:
         if not isinstance(v, _compat.Literal) and v not in defined))
     out_vars = [v for e in members for v in e.outvars if v in needed_later]
     if out_vars:
-        steps.append(Segment(in_vars, out_vars, segment_lowerer(members, in_vars, out_vars)))
+        steps.append(Segment(in_vars, out_vars, segment_lowerer(members, in_vars, out_vars),
+                             members))
+
+
+def _speculated(eqn):
+    """`eqn`, or its Speculated form where its callbacks are all guarded."""
+    if not eqn_has_callbacks(eqn) or is_callback(eqn.primitive):
+        return eqn
+    fun = speculation.speculative(eqn)
+    return eqn if fun is None else Speculated(eqn, fun)
 
 
 def _needs_host(eqn) -> bool:
-    return is_callback(eqn.primitive) or any(
-        map(has_callbacks, _compat.sub_jaxprs_of_params(eqn.params)))
+    return not isinstance(eqn, Speculated) and eqn_has_callbacks(eqn)
 
 
 def _sub_plan(closed_or_open, segment_lowerer) -> Plan:
@@ -269,16 +281,10 @@ def _host_step(eqn, segment_lowerer):
         return Scan(eqn, _sub_plan(p["jaxpr"], segment_lowerer))
     if name == "cond":
         return Cond(eqn, [_sub_plan(b, segment_lowerer) for b in p["branches"]])
-    for param in _CALL_BODY_PARAMS:
-        body = p.get(param)
-        if body is not None and len(_compat.open_jaxpr(body).invars) == len(eqn.invars):
-            return Inline(eqn, _sub_plan(body, segment_lowerer))
-    raise HostCallbackError(
+    raise HostCallbackError(  # juju.callback_lifting leaves no other
         f"a host callback inside `{name}` is not supported by juju "
-        f"({_compat.source_line(eqn)}); juju runs callbacks at the top level and inside "
-        "while_loop, scan, fori_loop, cond/switch, jit, custom_jvp/vjp and checkpoint. "
-        "Move the callback out of it, or use jax.jit for this function."
-    )
+        f"({_compat.source_line(eqn)}). Move the callback out of it, or use jax.jit "
+        "for this function.")
 
 
 # --- values crossing between MAX and the host -------------------------------
@@ -318,14 +324,23 @@ def _checked_result(eqn, index, aval, out):
 
 
 def _segment_function(eqns, in_vars, out_vars):
-    """A Python function evaluating `eqns` (as `jax.core.eval_jaxpr` does)."""
+    """A Python function evaluating `eqns` (as `jax.core.eval_jaxpr` does); a
+    segment with Speculated equations also returns whether any fired."""
+    speculative = any(isinstance(e, Speculated) for e in eqns)
 
     def segment(*args):
         env = dict(zip(in_vars, args))
+        fired = []
         for eqn in eqns:
-            env.update(zip(eqn.outvars, _compat.bind_equation(
-                eqn, [_read(env, v) for v in eqn.invars])))
-        return [_read(env, v) for v in out_vars]
+            invals = [_read(env, v) for v in eqn.invars]
+            if isinstance(eqn, Speculated):
+                *outs, flag = eqn.fun(*invals)
+                fired.append(flag)
+            else:
+                outs = _compat.bind_equation(eqn, invals)
+            env.update(zip(eqn.outvars, outs))
+        outs = [_read(env, v) for v in out_vars]
+        return [*outs, functools.reduce(jnp.logical_or, fired)] if speculative else outs
 
     return segment
 
@@ -431,7 +446,7 @@ def _explain(program: Plan, prefix: str) -> list:
             inside = [("cond", step.cond), ("body", step.body)]
         elif isinstance(step, Cond):
             inside = [(f"branch{i}", branch) for i, branch in enumerate(step.branches)]
-        else:  # Scan, Inline: a body; Callback: nothing
+        else:  # Scan: a body; Callback: nothing
             inside = [("body", step.body)] if hasattr(step, "body") else []
         for label, sub in inside:
             choices += _explain(sub, f"{path}/{label}/")

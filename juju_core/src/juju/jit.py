@@ -259,11 +259,12 @@ class JitFunction:
         traced, out_tree = self.trace_to_jaxpr(treedef, statics, avals)
         traced = dce(traced)
         if host.has_callbacks(traced):  # staged: MAX graphs between host callbacks
+            lifted = host.lift(traced)  # callbacks only at the top or in cond/while/scan
             return host.StagedLowered(
-                jit_function=self, key=key, closed_jaxpr=traced, out_tree=out_tree,
+                jit_function=self, key=key, closed_jaxpr=lifted, out_tree=out_tree,
                 in_dtypes=[a.dtype for a in avals], kernel_names=frozenset(),
                 name=_graph_name(self.fun), traced_jaxpr=traced,
-                plan=host.build_plan(self, traced),
+                plan=host.build_plan(self, lifted),
             )
         closed = apply_rewrites(traced)  # dead code first: rewrites match cleaner
         registry = plugins.registry()

@@ -1,0 +1,174 @@
+"""Callbacks lifted out of calls: after `lift`, every host callback of a
+program sits at its top level or inside `cond`, `while` and `scan` bodies,
+the only places `juju.host` stages (and `juju.speculation` guards).
+
+Libraries nest callbacks in every higher-order primitive JAX has: equinox's
+runtime checks (`eqx.error_if`) sit in `custom_jvp`/`custom_vjp` calls, in
+`custom_linear_solve`, in `checkpoint`, in nested `jit`s, and inside its own
+primitives (lineax's `linear_solve`), which only their JAX implementation
+opens. `lift` re-traces the program, evaluating each call that holds a
+callback as its body (a forward evaluation: differentiation and batching
+are done by then, so a `custom_jvp`'s rule has nothing left to do) and each
+opaque primitive that holds one in its implementation as that
+implementation. Equations without callbacks are re-bound as they are.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax import lax
+
+from juju import _compat, plugins
+from juju.errors import JujuError
+
+__all__ = ["has_callbacks", "lift", "HostCallbackError"]
+
+# The params that hold a call's body, by how JAX's call-like primitives name it
+# (jit, closed_call, core_call, custom_jvp_call, custom_vjp_call, checkpoint).
+_CALL_BODY_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+_STAGED = ("cond", "while", "scan")  # what juju.host drives with callbacks inside
+_MAX_ROUNDS = 8  # an implementation may hold calls of its own: lift again
+
+
+class HostCallbackError(JujuError, NotImplementedError):
+    """A host callback where juju cannot stage it."""
+
+
+def is_callback(primitive) -> bool:
+    return primitive in _compat.host_callback_impls
+
+
+def has_callbacks(jaxpr) -> bool:
+    """Whether `jaxpr` (open or closed) calls back into Python at any depth,
+    inside primitives that only their JAX implementation opens included."""
+    return _has_callbacks(_compat.open_jaxpr(jaxpr))
+
+
+@functools.lru_cache(maxsize=4096)
+def _has_callbacks(jaxpr) -> bool:
+    return any(eqn_has_callbacks(e) for e in jaxpr.eqns)
+
+
+def eqn_has_callbacks(eqn) -> bool:
+    if is_callback(eqn.primitive):
+        return True
+    subs = _compat.sub_jaxprs_of_params(eqn.params)
+    if subs:
+        return any(map(has_callbacks, subs))
+    body = _opaque_implementation(eqn)
+    return body is not None and has_callbacks(body)
+
+
+def _opaque_implementation(eqn):
+    """The closed jaxpr of the JAX implementation of a primitive that no pack
+    lowers (the core's fallback lowers it as that implementation), or None."""
+    if plugins.registry().rules_for(eqn.primitive):
+        return None
+    from juju import fallback  # the fallback rule's own trace (and its cache)
+
+    return fallback.implementation(eqn.primitive, [v.aval for v in eqn.invars], eqn.params)
+
+
+def lift(closed):
+    """`closed` (a ClosedJaxpr) with its callbacks at the top level or in
+    cond/while/scan bodies only; `closed` itself when they already are."""
+    for _ in range(_MAX_ROUNDS):
+        misplaced = _misplaced(closed.jaxpr)
+        if misplaced is None:
+            return closed
+        closed = _retrace(closed)
+    raise HostCallbackError(
+        f"a host callback inside `{misplaced.primitive.name}` is not supported by juju "
+        f"({_compat.source_line(misplaced)}): its body could not be evaluated as a call. "
+        "Move the callback out of it, or use jax.jit for this function.")
+
+
+def _misplaced(jaxpr):
+    """The first equation (at any depth) that holds a callback in a body juju
+    does not stage, or None."""
+    for eqn in jaxpr.eqns:
+        if is_callback(eqn.primitive) or not eqn_has_callbacks(eqn):
+            continue
+        if eqn.primitive.name not in _STAGED:
+            return eqn
+        for sub in _compat.sub_jaxprs_of_params(eqn.params):
+            found = _misplaced(sub)
+            if found is not None:
+                return found
+    return None
+
+
+def _retrace(closed):
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
+             for a in closed.in_avals]
+    return jax.make_jaxpr(lambda *args: evaluate(closed, args))(*avals)
+
+
+def evaluate(closed_or_open, args) -> list:
+    """Evaluate a jaxpr under the current trace, lifting its callbacks."""
+    jaxpr = _compat.open_jaxpr(closed_or_open)
+    env = dict(zip(jaxpr.constvars, getattr(closed_or_open, "consts", ())))
+    env.update(zip(jaxpr.invars, args))
+    read = lambda v: v.val if isinstance(v, _compat.Literal) else env[v]
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        if is_callback(eqn.primitive) or not eqn_has_callbacks(eqn):
+            outs = _compat.bind_equation(eqn, invals)
+        else:
+            outs = _lifted(eqn, invals)
+        env.update(zip(eqn.outvars, outs))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _lifted(eqn, invals) -> list:
+    name, p = eqn.primitive.name, eqn.params
+    if name == "cond":
+        index, *operands = invals
+        branches = [functools.partial(_call, b) for b in p["branches"]]
+        return list(lax.switch(index, branches, *operands))
+    if name == "while":
+        cond_consts = invals[:p["cond_nconsts"]]
+        body_consts = invals[p["cond_nconsts"]:p["cond_nconsts"] + p["body_nconsts"]]
+        carry = invals[p["cond_nconsts"] + p["body_nconsts"]:]
+        return list(lax.while_loop(
+            lambda c: evaluate(p["cond_jaxpr"], [*cond_consts, *c])[0],
+            lambda c: evaluate(p["body_jaxpr"], [*body_consts, *c]), list(carry)))
+    if name == "scan":
+        num_consts, num_carry = _compat.scan_layout(**{
+            k: p.get(k) for k in ("num_consts", "num_carry", "ft_in", "ft_out")})
+        consts = invals[:num_consts]
+        carry, xs = invals[num_consts:num_consts + num_carry], invals[num_consts + num_carry:]
+
+        def step(c, x):
+            outs = evaluate(p["jaxpr"], [*consts, *c, *x])
+            return outs[:num_carry], outs[num_carry:]
+
+        carry, ys = lax.scan(step, list(carry), list(xs), length=p["length"],
+                             reverse=p["reverse"], unroll=p.get("unroll", 1))
+        return [*carry, *ys]
+    for param in _CALL_BODY_PARAMS:
+        body = p.get(param)
+        if body is not None and len(_compat.open_jaxpr(body).invars) == len(invals):
+            return evaluate(body, invals)
+    implementation = _implementation(eqn)
+    if implementation is None:
+        raise HostCallbackError(
+            f"a host callback inside `{name}` is not supported by juju "
+            f"({_compat.source_line(eqn)}); juju runs callbacks inside every call, "
+            "loop and branch whose JAX implementation it can evaluate. "
+            "Move the callback out of it, or use jax.jit for this function.")
+    outs = implementation(*invals, **p)
+    return list(outs) if eqn.primitive.multiple_results else [outs]
+
+
+def _call(closed_or_open, *operands):
+    return evaluate(closed_or_open, operands)
+
+
+def _implementation(eqn):
+    """What XLA's lowering of `eqn` traces (custom_linear_solve, linear_call,
+    a library's own primitive), or None."""
+    found = _compat.jax_implementation(eqn.primitive, "cpu")
+    return None if found is None else found[0]
