@@ -140,6 +140,44 @@ def _run(outcome: Outcome) -> None:
         _fail(outcome, "compare", exc)
         return
     outcome.status = "pass"
+    _time(outcome)
+
+
+def _time(outcome: Outcome, rounds: int = 25, budget_s: float = 4.0) -> None:
+    """Steady-state medians of juju and jax.jit, interleaved rounds (results
+    brought to the host in both: the same work)."""
+    mine, reference = outcome.lowered.jit_function, jax.jit(outcome.fn)
+    reference(*outcome.args)  # compiled by _prepare; warm both
+    times: dict = {"juju": [], "jax": []}
+    spent = 0.0
+    for i in range(rounds):
+        for name, fn in (("juju", mine), ("jax", reference)):
+            start = time.perf_counter()
+            _leaves(fn(*outcome.args))
+            times[name].append(time.perf_counter() - start)
+            spent += times[name][-1]
+        if i >= 4 and spent > budget_s:
+            break
+    for name, samples in times.items():
+        outcome.seconds[name] = float(np.median(samples))
+
+
+def ratio_table(outcomes) -> list[str]:
+    """Markdown rows: each passing program's steady-state time and ratio to
+    jax.jit, and their geometric mean."""
+    rows = ["| program | juju | jax.jit | juju / jax.jit |", "|---|---:|---:|---:|"]
+    ratios = []
+    for o in outcomes:
+        if "juju" not in o.seconds:
+            continue
+        ratio = o.seconds["juju"] / o.seconds["jax"]
+        ratios.append(ratio)
+        rows.append(f"| `{o.program.name}` | {o.seconds['juju'] * 1e3:.3f} ms | "
+                    f"{o.seconds['jax'] * 1e3:.3f} ms | {ratio:.2f} |")
+    if ratios:
+        geomean = float(np.exp(np.mean(np.log(ratios))))
+        rows.append(f"| geomean of {len(ratios)} | | | **{geomean:.2f}** |")
+    return rows
 
 
 def run_programs(programs: list[Program], log=lambda message: None) -> dict[str, Outcome]:
@@ -170,6 +208,7 @@ def main(argv: list[str]) -> int:
         print(f"{o.program.name:32} {o.program.library:10} {o.summary()}")
         if o.status == "fail" and "-v" in sys.argv:
             traceback.print_exception(o.error)
+    print("\n".join(["", *ratio_table(outcomes.values())]))
     return 0
 
 
