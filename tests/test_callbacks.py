@@ -183,6 +183,22 @@ cond_in_loop = _guarded_loop(50.0)  # X sums to 1.5: 1.5 * 1.5**8 < 50, never ta
 cond_in_loop_taken = _guarded_loop(4.0)  # taken from the 3rd step on: replayed
 
 
+def host_one(v):
+    CALLS.append(("one", np.array(v)))
+    return np.ones((), np.float32)
+
+
+def loop_after_guarded_taken(x):
+    """A later loop reads a guarded branch's result: when the branch fires, its
+    MAX run must still end (the loop stops on the fired flag), then replays."""
+    step = lax.cond(x.sum() > 1.0,
+                    lambda v: jax.pure_callback(host_one, jax.ShapeDtypeStruct((), v.dtype),
+                                                v.sum()),
+                    lambda v: jnp.ones((), v.dtype), x)
+    return lax.while_loop(lambda c: c[0] < 10.0, lambda c: (c[0] + step, c[1] * 0.5),
+                          (jnp.float32(0), x))
+
+
 def under_vmap_methods(x):
     def per_row(row, scale):
         outs = [jax.pure_callback(host_sin, like(row), row * scale * k, vmap_method=m)
@@ -222,6 +238,7 @@ CASES = {f.__name__: f for f in (top_level, in_fori_loop, in_while_loop, in_scan
                                   in_library_primitive)}
 CASES["cond_in_loop"] = cond_in_loop
 CASES["cond_in_loop_taken"] = cond_in_loop_taken
+CASES["loop_after_guarded_taken"] = loop_after_guarded_taken
 X = np.linspace(-1.0, 1.5, 6, dtype=np.float32)
 
 

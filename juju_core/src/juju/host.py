@@ -336,6 +336,8 @@ def _segment_function(eqns, in_vars, out_vars):
             if isinstance(eqn, Speculated):
                 *outs, flag = eqn.fun(*invals)
                 fired.append(flag)
+            elif fired:  # its loops must stop on a fired branch's zeros
+                outs = speculation.guarded(eqn, invals, functools.reduce(jnp.logical_or, fired))
             else:
                 outs = _compat.bind_equation(eqn, invals)
             env.update(zip(eqn.outvars, outs))

@@ -41,8 +41,8 @@ def speculative(eqn):
         return None
 
     def run(*invals):
-        outs, fired = _equation(eqn, list(invals), jnp.bool_(False))
-        return [*outs, fired]
+        outs, fired = _equation(eqn, list(invals), None)
+        return [*outs, _flag(fired)]
 
     return run
 
@@ -87,7 +87,7 @@ def _evaluate(closed_or_open, args, fired):
         if eqn_has_callbacks(eqn):
             outs, fired = _equation(eqn, invals, fired)
         else:
-            outs = _compat.bind_equation(eqn, invals)
+            outs = guarded(eqn, invals, fired)
         env.update(zip(eqn.outvars, outs))
     return [read(v) for v in jaxpr.outvars], fired
 
@@ -115,7 +115,7 @@ def _equation(eqn, invals, fired):
             values, stop = state
             return tuple(_evaluate(p["body_jaxpr"], [*body_consts, *values], stop))
 
-        carry, fired = lax.while_loop(cond, body, (list(carry), fired))
+        carry, fired = lax.while_loop(cond, body, (list(carry), _flag(fired)))
         return list(carry), fired
     if name == "scan":
         num_consts, num_carry = _compat.scan_layout(**{
@@ -128,15 +128,79 @@ def _equation(eqn, invals, fired):
             outs, stop = _evaluate(p["jaxpr"], [*consts, *values, *x], stop)
             return (outs[:num_carry], stop), outs[num_carry:]
 
-        (carry, fired), ys = lax.scan(step, (list(carry), fired), list(xs), length=p["length"],
+        (carry, fired), ys = lax.scan(step, (list(carry), _flag(fired)), list(xs),
+                                      length=p["length"],
                                       reverse=p["reverse"], unroll=p.get("unroll", 1))
         return [*carry, *ys], fired
     raise AssertionError(f"not speculable: {name}")  # _speculable_eqn said so
 
 
+def guarded(eqn, invals, fired) -> list:
+    """A callback-free equation evaluated after a branch may have fired: its
+    while loops also stop once `fired` is set, since they may read the zeros
+    of a fired branch and never end (`while c < 10: c += zero`)."""
+    if fired is None or not _has_loop(eqn):
+        return _compat.bind_equation(eqn, invals)
+    name, p = eqn.primitive.name, eqn.params
+    if name == "while":
+        cond_consts = invals[:p["cond_nconsts"]]
+        body_consts = invals[p["cond_nconsts"]:p["cond_nconsts"] + p["body_nconsts"]]
+        carry = invals[p["cond_nconsts"] + p["body_nconsts"]:]
+
+        def cond(values):
+            go = _evaluate(p["cond_jaxpr"], [*cond_consts, *values], fired)[0][0]
+            return jnp.logical_and(go, jnp.logical_not(fired))
+
+        return list(lax.while_loop(
+            cond, lambda values: _evaluate(p["body_jaxpr"], [*body_consts, *values], fired)[0],
+            list(carry)))
+    if name == "cond":
+        index, *operands = invals
+        return list(lax.switch(index, [functools.partial(_guarded_call, b, fired)
+                                       for b in p["branches"]], *operands))
+    if name == "scan":
+        num_consts, num_carry = _compat.scan_layout(**{
+            k: p.get(k) for k in ("num_consts", "num_carry", "ft_in", "ft_out")})
+        consts = invals[:num_consts]
+        carry, xs = invals[num_consts:num_consts + num_carry], invals[num_consts + num_carry:]
+
+        def step(values, x):
+            outs = _evaluate(p["jaxpr"], [*consts, *values, *x], fired)[0]
+            return outs[:num_carry], outs[num_carry:]
+
+        carry, ys = lax.scan(step, list(carry), list(xs), length=p["length"],
+                             reverse=p["reverse"], unroll=p.get("unroll", 1))
+        return [*carry, *ys]
+    for param in ("jaxpr", "call_jaxpr", "fun_jaxpr"):  # a call: evaluated as its body
+        body = p.get(param)
+        if body is not None and len(_compat.open_jaxpr(body).invars) == len(invals):
+            return _evaluate(body, invals, fired)[0]
+    return _compat.bind_equation(eqn, invals)
+
+
+def _guarded_call(closed_or_open, fired, *operands):
+    return _evaluate(closed_or_open, operands, fired)[0]
+
+
+def _has_loop(eqn) -> bool:
+    return eqn.primitive.name == "while" or any(
+        _has_loop_jaxpr(_compat.open_jaxpr(sub))
+        for sub in _compat.sub_jaxprs_of_params(eqn.params))
+
+
+@functools.lru_cache(maxsize=4096)
+def _has_loop_jaxpr(jaxpr) -> bool:
+    return any(map(_has_loop, jaxpr.eqns))
+
+
 def _branch(closed_or_open, fired, *operands):
     outs, fired = _evaluate(closed_or_open, operands, fired)
-    return list(outs), jnp.asarray(fired, bool)
+    return list(outs), _flag(fired)
+
+
+def _flag(fired):
+    """The fired flag as a value (None: nothing could have fired yet)."""
+    return jnp.bool_(False) if fired is None else fired
 
 
 def _fires(avals, *operands):
