@@ -162,6 +162,9 @@ def _time(outcome: Outcome, rounds: int = 25, budget_s: float = 4.0) -> None:
         outcome.seconds[name] = float(np.median(samples))
 
 
+RATIO_ROWS: list[str] = []  # the last run's ratio_table, for pytest's summary
+
+
 def ratio_table(outcomes) -> list[str]:
     """Markdown rows: each passing program's steady-state time and ratio to
     jax.jit, and their geometric mean."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from tests.programs.registry import load_all
-from tests.programs.runner import ratio_table, run_programs
+from tests.programs.runner import RATIO_ROWS, ratio_table, run_programs
 from tests.util import selected
 
 PROGRAMS = load_all()
@@ -31,13 +31,8 @@ def _param(program):
 def outcomes(request):
     names = selected(request, "name")
     found = run_programs([program for name, program in PROGRAMS.items() if name in names])
-    yield found
-    # Steady-state ratios to jax.jit, measured in this run (reported, not asserted).
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line("")
-        for row in ratio_table(found.values()):
-            reporter.write_line(row)
+    RATIO_ROWS[:] = ratio_table(found.values())  # printed in the summary (conftest.py)
+    return found
 
 
 @pytest.mark.parametrize("name", [_param(p) for p in PROGRAMS.values()])
