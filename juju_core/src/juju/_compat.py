@@ -364,3 +364,19 @@ def has_ordered_effects(eqn) -> bool:
     from jax._src import effects
 
     return bool(effects.ordered_effects.filter_in(eqn.effects))
+
+
+def while_operands(params, operands) -> tuple[list, list, list]:
+    """A while equation's operands as (cond consts, body consts, carry)."""
+    cond_n, body_n = params["cond_nconsts"], params["body_nconsts"]
+    operands = list(operands)
+    return operands[:cond_n], operands[cond_n:cond_n + body_n], operands[cond_n + body_n:]
+
+
+def scan_operands(params, operands) -> tuple[list, list, list]:
+    """A scan equation's operands as (consts, carry, xs)."""
+    num_consts, num_carry = scan_layout(**{
+        k: params.get(k) for k in ("num_consts", "num_carry", "ft_in", "ft_out")})
+    operands = list(operands)
+    return (operands[:num_consts], operands[num_consts:num_consts + num_carry],
+            operands[num_consts + num_carry:])

@@ -108,17 +108,24 @@ def _retrace(closed):
 
 def evaluate(closed_or_open, args) -> list:
     """Evaluate a jaxpr under the current trace, lifting its callbacks."""
+
+    def equation(eqn, invals):
+        if is_callback(eqn.primitive) or not eqn_has_callbacks(eqn):
+            return _compat.bind_equation(eqn, invals)
+        return _lifted(eqn, invals)
+
+    return interpret(closed_or_open, args, equation)
+
+
+def interpret(closed_or_open, args, equation) -> list:
+    """The outputs of a jaxpr (open or closed) on `args`, each equation's
+    outputs given by `equation(eqn, invals)`."""
     jaxpr = _compat.open_jaxpr(closed_or_open)
     env = dict(zip(jaxpr.constvars, getattr(closed_or_open, "consts", ())))
     env.update(zip(jaxpr.invars, args))
     read = lambda v: v.val if isinstance(v, _compat.Literal) else env[v]
     for eqn in jaxpr.eqns:
-        invals = [read(v) for v in eqn.invars]
-        if is_callback(eqn.primitive) or not eqn_has_callbacks(eqn):
-            outs = _compat.bind_equation(eqn, invals)
-        else:
-            outs = _lifted(eqn, invals)
-        env.update(zip(eqn.outvars, outs))
+        env.update(zip(eqn.outvars, equation(eqn, [read(v) for v in eqn.invars])))
     return [read(v) for v in jaxpr.outvars]
 
 
@@ -129,17 +136,13 @@ def _lifted(eqn, invals) -> list:
         branches = [functools.partial(_call, b) for b in p["branches"]]
         return list(lax.switch(index, branches, *operands))
     if name == "while":
-        cond_consts = invals[:p["cond_nconsts"]]
-        body_consts = invals[p["cond_nconsts"]:p["cond_nconsts"] + p["body_nconsts"]]
-        carry = invals[p["cond_nconsts"] + p["body_nconsts"]:]
+        cond_consts, body_consts, carry = _compat.while_operands(p, invals)
         return list(lax.while_loop(
             lambda c: evaluate(p["cond_jaxpr"], [*cond_consts, *c])[0],
             lambda c: evaluate(p["body_jaxpr"], [*body_consts, *c]), list(carry)))
     if name == "scan":
-        num_consts, num_carry = _compat.scan_layout(**{
-            k: p.get(k) for k in ("num_consts", "num_carry", "ft_in", "ft_out")})
-        consts = invals[:num_consts]
-        carry, xs = invals[num_consts:num_consts + num_carry], invals[num_consts + num_carry:]
+        consts, carry, xs = _compat.scan_operands(p, invals)
+        num_carry = len(carry)
 
         def step(c, x):
             outs = evaluate(p["jaxpr"], [*consts, *c, *x])

@@ -149,11 +149,8 @@ class While:
     body: Plan
 
     def run(self, env):
-        p = self.eqn.params
-        values = [_read(env, v) for v in self.eqn.invars]
-        cond_consts = values[:p["cond_nconsts"]]
-        body_consts = values[p["cond_nconsts"]:p["cond_nconsts"] + p["body_nconsts"]]
-        carry = values[p["cond_nconsts"] + p["body_nconsts"]:]
+        cond_consts, body_consts, carry = _compat.while_operands(
+            self.eqn.params, [_read(env, v) for v in self.eqn.invars])
         while bool(_host_value(self.cond.run(cond_consts + carry)[0])):
             carry = self.body.run(body_consts + carry)
         env.update(zip(self.eqn.outvars, carry))
@@ -170,11 +167,8 @@ class Scan:
 
     def run(self, env):
         p = self.eqn.params
-        num_consts, num_carry = _compat.scan_layout(**{
-            k: p.get(k) for k in ("num_consts", "num_carry", "ft_in", "ft_out")})
-        values = [_read(env, v) for v in self.eqn.invars]
-        consts, carry = values[:num_consts], values[num_consts:num_consts + num_carry]
-        xs = [_host_value(x) for x in values[num_consts + num_carry:]]
+        consts, carry, xs = _compat.scan_operands(p, [_read(env, v) for v in self.eqn.invars])
+        num_carry, xs = len(carry), [_host_value(x) for x in xs]
         length = p["length"]
         ys = [np.empty(v.aval.shape, _numpy_dtype(v.aval))  # (length, ...)
               for v in self.eqn.outvars[num_carry:]]

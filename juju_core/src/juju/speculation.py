@@ -28,7 +28,7 @@ from jax import lax
 
 from juju import _compat
 from juju._compat import is_key_dtype
-from juju.callback_lifting import eqn_has_callbacks, has_callbacks, is_callback
+from juju.callback_lifting import eqn_has_callbacks, has_callbacks, interpret, is_callback
 
 __all__ = ["speculative"]
 
@@ -78,18 +78,15 @@ def _speculable_eqn(eqn) -> bool:
 
 def _evaluate(closed_or_open, args, fired):
     """(outputs, fired) of a jaxpr under the current trace."""
-    jaxpr = _compat.open_jaxpr(closed_or_open)
-    env = dict(zip(jaxpr.constvars, getattr(closed_or_open, "consts", ())))
-    env.update(zip(jaxpr.invars, args))
-    read = lambda v: v.val if isinstance(v, _compat.Literal) else env[v]
-    for eqn in jaxpr.eqns:
-        invals = [read(v) for v in eqn.invars]
+    state = [fired]
+
+    def equation(eqn, invals):
         if eqn_has_callbacks(eqn):
-            outs, fired = _equation(eqn, invals, fired)
-        else:
-            outs = guarded(eqn, invals, fired)
-        env.update(zip(eqn.outvars, outs))
-    return [read(v) for v in jaxpr.outvars], fired
+            outs, state[0] = _equation(eqn, invals, state[0])
+            return outs
+        return guarded(eqn, invals, state[0])
+
+    return interpret(closed_or_open, args, equation), state[0]
 
 
 def _equation(eqn, invals, fired):
@@ -102,9 +99,7 @@ def _equation(eqn, invals, fired):
         outs, fired = lax.switch(index, branches, *operands)
         return list(outs), fired
     if name == "while":
-        cond_consts = invals[:p["cond_nconsts"]]
-        body_consts = invals[p["cond_nconsts"]:p["cond_nconsts"] + p["body_nconsts"]]
-        carry = invals[p["cond_nconsts"] + p["body_nconsts"]:]
+        cond_consts, body_consts, carry = _compat.while_operands(p, invals)
 
         def cond(state):
             values, stop = state
@@ -118,10 +113,8 @@ def _equation(eqn, invals, fired):
         carry, fired = lax.while_loop(cond, body, (list(carry), _flag(fired)))
         return list(carry), fired
     if name == "scan":
-        num_consts, num_carry = _compat.scan_layout(**{
-            k: p.get(k) for k in ("num_consts", "num_carry", "ft_in", "ft_out")})
-        consts = invals[:num_consts]
-        carry, xs = invals[num_consts:num_consts + num_carry], invals[num_consts + num_carry:]
+        consts, carry, xs = _compat.scan_operands(p, invals)
+        num_carry = len(carry)
 
         def step(state, x):
             values, stop = state
@@ -143,9 +136,7 @@ def guarded(eqn, invals, fired) -> list:
         return _compat.bind_equation(eqn, invals)
     name, p = eqn.primitive.name, eqn.params
     if name == "while":
-        cond_consts = invals[:p["cond_nconsts"]]
-        body_consts = invals[p["cond_nconsts"]:p["cond_nconsts"] + p["body_nconsts"]]
-        carry = invals[p["cond_nconsts"] + p["body_nconsts"]:]
+        cond_consts, body_consts, carry = _compat.while_operands(p, invals)
 
         def cond(values):
             go = _evaluate(p["cond_jaxpr"], [*cond_consts, *values], fired)[0][0]
@@ -159,10 +150,8 @@ def guarded(eqn, invals, fired) -> list:
         return list(lax.switch(index, [functools.partial(_guarded_call, b, fired)
                                        for b in p["branches"]], *operands))
     if name == "scan":
-        num_consts, num_carry = _compat.scan_layout(**{
-            k: p.get(k) for k in ("num_consts", "num_carry", "ft_in", "ft_out")})
-        consts = invals[:num_consts]
-        carry, xs = invals[num_consts:num_consts + num_carry], invals[num_consts + num_carry:]
+        consts, carry, xs = _compat.scan_operands(p, invals)
+        num_carry = len(carry)
 
         def step(values, x):
             outs = _evaluate(p["jaxpr"], [*consts, *values, *x], fired)[0]
