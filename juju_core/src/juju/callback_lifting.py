@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 
 from juju import _compat, plugins
@@ -130,22 +131,45 @@ def interpret(closed_or_open, args, equation) -> list:
 
 
 def _lifted(eqn, invals) -> list:
+    outs = reemit(eqn, invals, evaluate)
+    if outs is not None:
+        return outs
+    implementation = _implementation(eqn)
+    if implementation is None:
+        raise HostCallbackError(
+            f"a host callback inside `{eqn.primitive.name}` is not supported by juju "
+            f"({_compat.source_line(eqn)}); juju runs callbacks inside every call, "
+            "loop and branch whose JAX implementation it can evaluate. "
+            "Move the callback out of it, or use jax.jit for this function.")
+    outs = implementation(*invals, **eqn.params)
+    return list(outs) if eqn.primitive.multiple_results else [outs]
+
+
+def reemit(eqn, invals, evaluate_body, stop=None) -> list | None:
+    """The outputs of a cond, while, scan or call equation, re-emitted through
+    lax with each body given by `evaluate_body(closed_or_open, args) -> outs`
+    (a while also ends once `stop` is set); None for any other primitive."""
     name, p = eqn.primitive.name, eqn.params
     if name == "cond":
         index, *operands = invals
-        branches = [functools.partial(_call, b) for b in p["branches"]]
+        branches = [functools.partial(_apply, evaluate_body, b) for b in p["branches"]]
         return list(lax.switch(index, branches, *operands))
     if name == "while":
         cond_consts, body_consts, carry = _compat.while_operands(p, invals)
+
+        def cond(values):
+            go = evaluate_body(p["cond_jaxpr"], [*cond_consts, *values])[0]
+            return go if stop is None else jnp.logical_and(go, jnp.logical_not(stop))
+
         return list(lax.while_loop(
-            lambda c: evaluate(p["cond_jaxpr"], [*cond_consts, *c])[0],
-            lambda c: evaluate(p["body_jaxpr"], [*body_consts, *c]), list(carry)))
+            cond, lambda values: evaluate_body(p["body_jaxpr"], [*body_consts, *values]),
+            list(carry)))
     if name == "scan":
         consts, carry, xs = _compat.scan_operands(p, invals)
         num_carry = len(carry)
 
-        def step(c, x):
-            outs = evaluate(p["jaxpr"], [*consts, *c, *x])
+        def step(values, x):
+            outs = evaluate_body(p["jaxpr"], [*consts, *values, *x])
             return outs[:num_carry], outs[num_carry:]
 
         carry, ys = lax.scan(step, list(carry), list(xs), length=p["length"],
@@ -154,20 +178,12 @@ def _lifted(eqn, invals) -> list:
     for param in _CALL_BODY_PARAMS:
         body = p.get(param)
         if body is not None and len(_compat.open_jaxpr(body).invars) == len(invals):
-            return evaluate(body, invals)
-    implementation = _implementation(eqn)
-    if implementation is None:
-        raise HostCallbackError(
-            f"a host callback inside `{name}` is not supported by juju "
-            f"({_compat.source_line(eqn)}); juju runs callbacks inside every call, "
-            "loop and branch whose JAX implementation it can evaluate. "
-            "Move the callback out of it, or use jax.jit for this function.")
-    outs = implementation(*invals, **p)
-    return list(outs) if eqn.primitive.multiple_results else [outs]
+            return evaluate_body(body, invals)
+    return None
 
 
-def _call(closed_or_open, *operands):
-    return evaluate(closed_or_open, operands)
+def _apply(evaluate_body, closed_or_open, *operands):
+    return evaluate_body(closed_or_open, operands)
 
 
 def _implementation(eqn):

@@ -80,8 +80,8 @@ class Segment:
     members: list = dataclasses.field(default_factory=list)  # its equations
     executable: Any = None
 
-    @property
-    def speculative(self) -> bool:
+    @functools.cached_property
+    def speculative(self) -> bool:  # read on every call: computed once
         return any(isinstance(e, Speculated) for e in self.members)
 
     def run(self, env):
@@ -320,23 +320,19 @@ def _checked_result(eqn, index, aval, out):
 def _segment_function(eqns, in_vars, out_vars):
     """A Python function evaluating `eqns` (as `jax.core.eval_jaxpr` does); a
     segment with Speculated equations also returns whether any fired."""
-    speculative = any(isinstance(e, Speculated) for e in eqns)
-
     def segment(*args):
         env = dict(zip(in_vars, args))
-        fired = []
+        fired = None  # whether a speculated equation so far fired
         for eqn in eqns:
             invals = [_read(env, v) for v in eqn.invars]
             if isinstance(eqn, Speculated):
                 *outs, flag = eqn.fun(*invals)
-                fired.append(flag)
-            elif fired:  # its loops must stop on a fired branch's zeros
-                outs = speculation.guarded(eqn, invals, functools.reduce(jnp.logical_or, fired))
-            else:
-                outs = _compat.bind_equation(eqn, invals)
+                fired = flag if fired is None else jnp.logical_or(fired, flag)
+            else:  # after a fired branch, its loops must stop on the zeros
+                outs = speculation.guarded(eqn, invals, fired)
             env.update(zip(eqn.outvars, outs))
         outs = [_read(env, v) for v in out_vars]
-        return [*outs, functools.reduce(jnp.logical_or, fired)] if speculative else outs
+        return outs if fired is None else [*outs, fired]
 
     return segment
 

@@ -28,7 +28,8 @@ from jax import lax
 
 from juju import _compat
 from juju._compat import is_key_dtype
-from juju.callback_lifting import eqn_has_callbacks, has_callbacks, interpret, is_callback
+from juju.callback_lifting import (eqn_has_callbacks, has_callbacks, interpret, is_callback,
+                                   reemit)
 
 __all__ = ["speculative"]
 
@@ -134,41 +135,8 @@ def guarded(eqn, invals, fired) -> list:
     of a fired branch and never end (`while c < 10: c += zero`)."""
     if fired is None or not _has_loop(eqn):
         return _compat.bind_equation(eqn, invals)
-    name, p = eqn.primitive.name, eqn.params
-    if name == "while":
-        cond_consts, body_consts, carry = _compat.while_operands(p, invals)
-
-        def cond(values):
-            go = _evaluate(p["cond_jaxpr"], [*cond_consts, *values], fired)[0][0]
-            return jnp.logical_and(go, jnp.logical_not(fired))
-
-        return list(lax.while_loop(
-            cond, lambda values: _evaluate(p["body_jaxpr"], [*body_consts, *values], fired)[0],
-            list(carry)))
-    if name == "cond":
-        index, *operands = invals
-        return list(lax.switch(index, [functools.partial(_guarded_call, b, fired)
-                                       for b in p["branches"]], *operands))
-    if name == "scan":
-        consts, carry, xs = _compat.scan_operands(p, invals)
-        num_carry = len(carry)
-
-        def step(values, x):
-            outs = _evaluate(p["jaxpr"], [*consts, *values, *x], fired)[0]
-            return outs[:num_carry], outs[num_carry:]
-
-        carry, ys = lax.scan(step, list(carry), list(xs), length=p["length"],
-                             reverse=p["reverse"], unroll=p.get("unroll", 1))
-        return [*carry, *ys]
-    for param in ("jaxpr", "call_jaxpr", "fun_jaxpr"):  # a call: evaluated as its body
-        body = p.get(param)
-        if body is not None and len(_compat.open_jaxpr(body).invars) == len(invals):
-            return _evaluate(body, invals, fired)[0]
-    return _compat.bind_equation(eqn, invals)
-
-
-def _guarded_call(closed_or_open, fired, *operands):
-    return _evaluate(closed_or_open, operands, fired)[0]
+    outs = reemit(eqn, invals, lambda body, args: _evaluate(body, args, fired)[0], stop=fired)
+    return _compat.bind_equation(eqn, invals) if outs is None else outs
 
 
 def _has_loop(eqn) -> bool:
