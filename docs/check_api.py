@@ -25,7 +25,7 @@ log = logging.getLogger("mkdocs.plugins.juju_api")
 
 # Modules documented in full besides juju's top-level names (docs/api/hooks.md
 # and errors.md render them); and classes reached only as return values.
-MODULES = ("juju.hookspecs", "juju.plugins", "juju.errors")
+MODULES = ("juju.hookspecs", "juju.plugins", "juju.errors", "juju.serving")
 RETURNED = ("juju.jit.JitFunction",)
 
 

@@ -14,13 +14,14 @@ Lowering rules come from packs (`juju-ops-lax`, `juju-ops-nn`,
 explain`) says which rule of which pack lowers each equation of a program.
 """
 
-from juju.arguments import to_jax, to_numpy
-from juju.context import LoweringContext
-from juju.engine import Engine, cpu_engine, gpu_engine
 from juju.errors import (
+    ArtifactError,
+    ArtifactVersionError,
     CompileError,
     CompilerCrashError,
     EngineUnavailableError,
+    ExportError,
+    InputMismatchError,
     JujuError,
     LoweringError,
     MaxUnavailableWarning,
@@ -30,16 +31,32 @@ from juju.errors import (
     RuleConflictError,
     UnsupportedDtypeError,
 )
-from juju.explain import explain
-from juju.hookspecs import hookimpl
-from juju.jit import jit, make_max_graph
-from juju.lowering_helpers import lower_fun, on_parts
-from juju.plugins import KernelLibrary
-from juju import primitives
-from juju.primitive import Primitive
-from juju.recording import RuleChoice
-from juju.registry import ALL_DTYPES, Priority, Registry, Rule, RuleSet, direct
-from juju.stages import Compiled, Lowered, compile_all
+
+try:  # a serving machine may have MAX and no jax: `from juju import serving` still works
+    import jax as _jax  # noqa: F401
+except ModuleNotFoundError as _missing:
+    if _missing.name not in ("jax", "jaxlib"):
+        raise
+    _HAS_JAX = False
+else:
+    _HAS_JAX = True
+    del _jax
+
+if _HAS_JAX:
+    from juju.arguments import to_jax, to_numpy
+    from juju.context import LoweringContext
+    from juju.engine import Engine, cpu_engine, gpu_engine
+    from juju.explain import explain
+    from juju.hookspecs import hookimpl
+    from juju.jit import jit, make_max_graph
+    from juju.lowering_helpers import lower_fun, on_parts
+    from juju.plugins import KernelLibrary
+    from juju import primitives
+    from juju.primitive import Primitive
+    from juju.recording import RuleChoice
+    from juju.registry import ALL_DTYPES, Priority, Registry, Rule, RuleSet, direct
+    from juju.stages import Compiled, Lowered, compile_all
+    from juju.exporting import Exported, export
 
 __version__ = "0.1.0"
 
@@ -51,4 +68,14 @@ __all__ = [
     "JujuError", "MissingRuleError", "LoweringError", "RuleConflictError",
     "UnsupportedDtypeError", "EngineUnavailableError", "CompileError", "CompilerCrashError",
     "MaxUnavailableWarning", "PackError", "PackLoadError",
+    "export", "Exported", "ExportError", "ArtifactError", "ArtifactVersionError",
+    "InputMismatchError",
 ]
+
+
+def __getattr__(name):
+    if not _HAS_JAX and name in __all__:
+        raise ImportError(
+            f"juju.{name} needs jax, which is not installed here. Without jax juju only "
+            "serves exported functions: `from juju import serving`")
+    raise AttributeError(f"module 'juju' has no attribute {name!r}")

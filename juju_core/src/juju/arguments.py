@@ -22,13 +22,8 @@ from juju._compat import (
     is_key_dtype,
     python_scalar_dtype,
 )
-from juju.dtypes import (
-    complex_parts,
-    is_symbolic_dim,
-    max_dtype,
-    numpy_dtype,
-    physical_aval,
-)
+from juju.buffers import host_buffer, max_driver, numpy_dtype_of, to_numpy
+from juju.dtypes import is_symbolic_dim, physical_aval
 
 def leaf_signature(leaf) -> tuple:
     """(shape, dtype, weak_type) as jax.jit would see this argument."""
@@ -66,7 +61,7 @@ def _generic_signature(leaf):
 
 
 def _buffer_signature(leaf):
-    return (tuple(leaf.shape), numpy_dtype(leaf.dtype), False)
+    return (tuple(leaf.shape), numpy_dtype_of(leaf.dtype.name), False)
 
 
 def _spec_signature(leaf):
@@ -145,41 +140,6 @@ def _buffer_from_array(leaf, dtype, device):
     return buffer if buffer.device == device else buffer.to(device)
 
 
-def host_buffer(array: np.ndarray):
-    """A MAX buffer viewing a contiguous, writable numpy array."""
-    Buffer = max_driver().Buffer
-    try:
-        # Buffer.from_numpy re-checks what we know and costs ~3 us more. It
-        # also fails on 0-d bools (its view needs a last axis); numpy cannot
-        # export bools through DLPack, so they travel as uint8 views.
-        if array.dtype.kind == "c":  # as float[..., 2] (dtypes.physical_aval)
-            return Buffer._from_dlpack(complex_parts(array))
-        if array.dtype == np.bool_ or array.dtype.kind == "V":  # bool, bfloat16, float8
-            carrier = array.view(_UINT_OF_SIZE[array.dtype.itemsize])
-            return Buffer._from_dlpack(carrier).view(max_dtype(array.dtype), array.shape)
-        return Buffer._from_dlpack(array)
-    except AttributeError:  # a MAX without the native constructor
-        return Buffer.from_numpy(array)
-
-
-_UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
-@functools.cache
-def max_driver():
-    from max import driver
-
-    return driver
-
-
-try:  # the address of a buffer's memory (private in MAX 26.7, hence the guard)
-    from max.driver import Buffer as _Buffer
-
-    _data_ptr = _Buffer._data_ptr
-except (ImportError, AttributeError):
-    _data_ptr = None
-
-
 def _buffer_from_scalar(leaf, dtype, device):
     buffer = host_buffer(np.array(leaf, dtype))
     return buffer if buffer.device == device else buffer.to(device)
@@ -215,33 +175,6 @@ def to_buffer(leaf, dtype, device):
 
 
 
-def unshare(outs: list, inputs: list, in_nbytes) -> None:
-    """Copy each output that MAX handed back in an input's memory.
-
-    MAX returns an input's own buffer, or a view into it, for outputs it can
-    alias: identities, reshapes, slices, same-dtype casts and broadcasts, and
-    ops it folds away (`x * 1.0`, `x + 0`). Inputs are zero-copy views of the
-    caller's numpy and jax arrays, and results must not change when the
-    caller writes into those (JAX arrays are immutable), so such outputs are
-    copied; the others never are.
-    """
-    if _data_ptr is None:  # a MAX without the address accessor: copy all
-        outs[:] = [o.copy() for o in outs]
-        return
-    if in_nbytes is None:
-        in_nbytes = [b.num_elements * b.element_size for b in inputs]
-    spans = [(_data_ptr(b), n) for b, n in zip(inputs, in_nbytes) if n]
-    copied = None
-    for i, out in enumerate(outs):
-        address = _data_ptr(out)
-        for start, size in spans:
-            if start <= address < start + size:
-                outs[i] = copied = out.copy()
-                break
-    if copied is not None:  # MAX copies asynchronously: done before the caller writes
-        copied.device.synchronize()
-
-
 def input_nbytes(closed_jaxpr) -> tuple | None:
     """Bytes of each MAX input buffer of a graph; None if a shape is symbolic."""
     sizes = []
@@ -253,26 +186,10 @@ def input_nbytes(closed_jaxpr) -> tuple | None:
     return tuple(sizes)
 
 
-def to_numpy(value) -> np.ndarray:
-    """A numpy array of a MAX buffer (or anything array-like), any dtype.
-
-    Unlike `Buffer.to_numpy()`, this also handles bfloat16 and float8, which
-    MAX cannot export through DLPack.
-    """
-    Buffer = max_driver().Buffer
-    if not isinstance(value, Buffer):
-        return np.asarray(value)
-    dtype = numpy_dtype(value.dtype)
-    if dtype.kind != "V":
-        return value.to_numpy()
-    carrier = _UINT_OF_SIZE[dtype.itemsize]
-    return value.view(max_dtype(carrier), value.shape).to_numpy().view(dtype)
-
-
 def to_jax(buffer):
     """A jax array of a MAX buffer: zero-copy where DLPack can carry the dtype
     and the buffer is in host memory (juju's jax runs on the CPU)."""
-    if numpy_dtype(buffer.dtype).kind == "V" or not buffer.device.is_host:
+    if numpy_dtype_of(buffer.dtype.name).kind == "V" or not buffer.device.is_host:
         return jax.numpy.asarray(to_numpy(buffer))
     return jax.numpy.from_dlpack(buffer)
 

@@ -9,6 +9,7 @@ import ml_dtypes
 from max.dtype import DType
 
 from juju._compat import physical_aval as _physical_aval
+from juju.buffers import complex_from_parts, complex_parts  # noqa: F401  (re-exported)
 from juju.errors import UnsupportedDtypeError
 
 _NUMPY_TO_MAX = {
@@ -73,20 +74,6 @@ def physical_aval(aval):
     raw key data (uint32[..., 2] for threefry), as XLA carries keys; for a
     complex array its parts, float[..., 2] (real, imaginary)."""
     return _physical_aval(aval)
-
-
-def complex_parts(array: np.ndarray) -> np.ndarray:
-    """A complex numpy array's physical form: float[..., 2], a view where the
-    array is contiguous."""
-    array = np.asarray(array, order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
-    part = np.finfo(array.dtype).dtype
-    return array.reshape(-1).view(part).reshape(*array.shape, 2)
-
-
-def complex_from_parts(parts: np.ndarray, dtype) -> np.ndarray:
-    """The inverse of `complex_parts`: float[..., 2] -> complex[...]."""
-    parts = np.asarray(parts, order="C")
-    return parts.reshape(-1).view(np.dtype(dtype)).reshape(parts.shape[:-1])
 
 
 # --- symbolic dimensions (jax.export shape polymorphism) ------------------------

@@ -3,7 +3,8 @@
 MAX aborts the process if two sessions with different options coexist, and
 loading a graph costs seconds, so sessions are shared process-wide, one per
 device. Graphs are compiled elsewhere (`juju.compile_pool`, in worker
-processes) and loaded with `Engine.load_mef`.
+processes) and loaded with `Engine.load_mef`. Imports no jax: `juju.serving`
+runs models through engines too.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import os
 import threading
 from dataclasses import dataclass
 
-from juju._compat import max_worker_thread_ids
 from juju.errors import EngineUnavailableError
 
 _sessions: dict[tuple[str, int], object] = {}
@@ -138,6 +138,10 @@ def _lower_worker_priority() -> None:
     except ValueError:
         nice = _WORKER_NICE_DEFAULT
     if nice <= 0:
+        return
+    try:  # MAX's thread names are version-specific; serving without jax skips this
+        from juju._compat import max_worker_thread_ids
+    except ImportError:
         return
     for tid in max_worker_thread_ids():
         try:

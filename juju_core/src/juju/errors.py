@@ -152,3 +152,23 @@ class PackError(JujuError):
 
 class PackLoadError(PackError, ImportError):
     """A pack's entry point failed to import; other packs still load."""
+
+
+class ExportError(JujuError, ValueError):
+    """`juju.export` cannot make a self-contained artifact of this function
+    (host callbacks, or parts that only jax can run); the message says which."""
+
+
+class ArtifactError(JujuError, ValueError):
+    """An exported artifact is missing, incomplete, corrupt or edited; the
+    message names the file."""
+
+
+class ArtifactVersionError(ArtifactError):
+    """An artifact needs another MAX version, or a newer juju, than the one
+    serving it."""
+
+
+class InputMismatchError(JujuError, TypeError):
+    """An exported function was called with arguments of another pytree
+    structure, shape or dtype than it was exported for."""

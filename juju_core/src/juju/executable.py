@@ -5,7 +5,8 @@ from __future__ import annotations
 import jax
 from jax import tree_util
 
-from juju.arguments import to_buffer, to_jax, to_jax_all, to_numpy, unshare
+from juju.arguments import to_buffer, to_jax, to_jax_all, to_numpy
+from juju.buffers import unshare
 from juju.dtypes import complex_from_parts
 
 class Executable:

@@ -266,17 +266,23 @@ def build_graph(
     libraries=None,
     module=None,
     input_shapes=None,
+    const_inputs=(),
 ) -> Graph:
     """A MAX graph computing `closed_jaxpr` (whose rules were checked).
 
     `input_shapes` may replace the static input shapes by symbolic ones;
-    `libraries` names the kernel libraries behind `kernel_paths`.
+    `libraries` names the kernel libraries behind `kernel_paths`;
+    `const_inputs` are the indices of consts the graph takes as inputs after
+    the arguments (weights, for `juju.export`) instead of embedding them.
     """
-    in_avals = [dtypes.physical_aval(v.aval) for v in closed_jaxpr.jaxpr.invars]
+    jaxpr = closed_jaxpr.jaxpr
+    in_avals = [dtypes.physical_aval(v.aval) for v in jaxpr.invars]
     shapes = input_shapes or [dtypes.max_shape(a.shape) for a in in_avals]
+    weight_avals = [dtypes.physical_aval(jaxpr.constvars[i].aval) for i in const_inputs]
     input_types = [
         TensorType(dtypes.max_dtype(a.dtype), shape, device=device)
-        for a, shape in zip(in_avals, shapes)
+        for a, shape in zip(in_avals + weight_avals,
+                            list(shapes) + [dtypes.max_shape(a.shape) for a in weight_avals])
     ]
     graph = Graph(
         name,
@@ -285,10 +291,15 @@ def build_graph(
         **({"module": module} if module is not None else {}),
     )
     with graph:
-        args = [value.tensor for value in graph.inputs]
-        with graph_inputs(args):
+        inputs = [value.tensor for value in graph.inputs]
+        args, weights = inputs[:len(in_avals)], inputs[len(in_avals):]
+        consts = list(closed_jaxpr.consts)
+        for i, weight in zip(const_inputs, weights):
+            consts[i] = weight
+        with graph_inputs(inputs):
             outs = lower_jaxpr(
-                closed_jaxpr, *args, registry=registry, device=device, libraries=libraries
+                jaxpr, *args, consts=consts, registry=registry, device=device,
+                libraries=libraries,
             )
         graph.output(*outs)
     return graph
