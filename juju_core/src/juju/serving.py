@@ -131,7 +131,11 @@ def _model(manifest: artifact.Manifest, engine: Engine):
     model = manifest.model
     if (model is not None and exported["description"] == engine.description
             and artifact.same_max(manifest.data["max_version"], artifact.max_version())):
-        return engine.load_mef(model)[manifest.data.get("model_index", 0)]
+        try:
+            return engine.load_mef(model)[manifest.data.get("model_index", 0)]
+        except Exception as exc:  # e.g. another build of the same release: compile instead
+            log.warning("juju: %s: its compiled model does not load here (%s); compiling "
+                        "its graph", manifest.folder, exc)
     compiled = _compiled_here(manifest, engine)
     return engine.load_mef(compiled)[0]
 
