@@ -10,6 +10,10 @@ explicitly with `juju.jit(f, tiered=True)`.
 import os
 
 os.environ["JUJU_TIERED"] = "0"
+# Small programs would become one generated Mojo kernel each
+# (juju_kernels_mojo/program_kernels.py) and no longer test the lowering
+# rules; tests/test_program_kernels.py and the programs tier turn them on.
+os.environ.setdefault("JUJU_PROGRAM_KERNELS", "0")
 
 from collections import defaultdict
 

@@ -74,9 +74,7 @@ def _generate(ctx) -> tuple[LoopKernel, Path] | None:
     except Unsupported as why:
         log.debug("juju: %s stays a MAX loop: %s", ctx.eqn.primitive, why)
         return None
-    if draft.work > MAX_WORK or draft.source.count("\n") > MAX_LINES:
-        log.debug("juju: %s stays a MAX loop: %d element operations per iteration, %d "
-                  "lines of Mojo", ctx.eqn.primitive, draft.work, draft.source.count("\n"))
+    if not within_limits(draft):
         return None
     digest = hashlib.sha256(draft.source.encode()).hexdigest()[:16]
     name = _NAME.replace("KERNEL_HASH", digest)
@@ -87,6 +85,17 @@ def _generate(ctx) -> tuple[LoopKernel, Path] | None:
         log.warning("juju: the generated kernel for a %s failed to build; using MAX's loop "
                     "instead. Please report it with this message:\n%s", ctx.eqn.primitive, exc)
         return None
+
+
+def within_limits(draft: LoopKernel) -> bool:
+    """Whether a generated kernel is small enough to beat MAX's ops and to
+    build in seconds (`MAX_WORK`, `MAX_LINES`)."""
+    lines = draft.source.count("\n")
+    if draft.work > MAX_WORK or lines > MAX_LINES:
+        log.debug("juju: no generated kernel: %d element operations per iteration, %d lines "
+                  "of Mojo", draft.work, lines)
+        return False
+    return True
 
 
 def _library(kernel: LoopKernel) -> Path:
@@ -111,7 +120,8 @@ def _flat(x, aval):
     return ops.reshape(x, [math.prod(aval.shape)])
 
 
-def _lower(ctx, args):
+def lower_generated(ctx, args):
+    """The custom op of ctx's generated kernel (its guard, `generated`, passed)."""
     kernel, library = _kernel_for(ctx)
     load_kernel_library(library)
     operands = [_flat(x, a) for x, a in zip(args, ctx.avals_in)]
@@ -122,16 +132,17 @@ def _lower(ctx, args):
     return [ops.reshape(o, list(a.shape)) for o, a in zip(outs, ctx.avals_out)]
 
 
-def _register(primitive):
+def register_kernel_rule(primitive):
+    """Register a rule lowering `primitive` to its generated kernel, where one is."""
     return rules.register(primitive, priority=juju.Priority.KERNEL, guard=generated)
 
 
 # The params are read by the generator from the equation (ctx.eqn.params).
-@_register(P.scan_p)
+@register_kernel_rule(P.scan_p)
 def lower_scan(ctx, *args, reverse, length, jaxpr, unroll, _split_transpose=False, **layout):
-    return _lower(ctx, args)
+    return lower_generated(ctx, args)
 
 
-@_register(P.while_p)
+@register_kernel_rule(P.while_p)
 def lower_while(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
-    return _lower(ctx, args)
+    return lower_generated(ctx, args)

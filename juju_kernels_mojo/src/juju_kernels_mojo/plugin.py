@@ -2,16 +2,21 @@
 
 import juju
 from juju_kernels_mojo import (blas_library, blas_rules, kernel_library, lax_rules, linalg_library,
-                               linalg_rules, loop_rules, nn_rules, primitives, sequence_library,
-                               sequence_rules)
+                               linalg_rules, loop_rules, nn_rules, primitives, program_kernels,
+                               sequence_library, sequence_rules)
 
 
 @juju.hookimpl
 def juju_rules():
     return [primitives.rules, lax_rules.rules, nn_rules.rules, linalg_rules.rules, loop_rules.rules,
-            sequence_rules.rules, blas_rules.rules]
+            sequence_rules.rules, blas_rules.rules, program_kernels.rules]
 
 
 @juju.hookimpl
 def juju_kernel_libraries():
     return [kernel_library, linalg_library, sequence_library, blas_library]
+
+
+@juju.hookimpl
+def juju_jaxpr_rewrites():
+    return [program_kernels.rewrite]

@@ -1,0 +1,167 @@
+"""Small programs as one generated Mojo kernel (juju_kernels_mojo/program_kernels.py).
+
+The rest of the suite runs with `JUJU_PROGRAM_KERNELS=0` (tests/conftest.py),
+so that its programs test MAX's lowering rules; this module turns the rewrite
+on. Each case is checked to be one `mojo_program` equation lowered by the
+kernel rule (`juju.explain`), and compared with jax.jit on values, shapes
+and dtypes, special floats included. All kernel cases compile in one MAX
+compilation.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import juju
+from juju_kernels_mojo import loop_rules, program_kernels
+from tests.util import assert_same
+
+rng = np.random.default_rng(5)
+SPECIAL = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1.5, -2.25, 3e38, -1e-40, 88.0],
+                   np.float32)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def program_kernels_on():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("JUJU_PROGRAM_KERNELS", "1")
+        yield
+
+
+def _mlp_params():
+    return {"w1": rng.standard_normal((8, 16)).astype(np.float32),
+            "b1": np.zeros(16, np.float32),
+            "w2": rng.standard_normal((16, 4)).astype(np.float32)}
+
+
+X = rng.standard_normal((16, 8)).astype(np.float32)
+Y = rng.standard_normal((16, 4)).astype(np.float32)
+
+
+def sgd_momentum(params, momentum):
+    """Three SGD steps with momentum of a tiny MLP: a training step's shape."""
+    def loss(p):
+        h = jnp.tanh(X @ p["w1"] + p["b1"])
+        return jnp.mean((h @ p["w2"] - Y) ** 2)
+
+    losses = []
+    for _ in range(3):
+        value, grads = jax.value_and_grad(loss)(params)
+        momentum = jax.tree.map(lambda m, g: 0.9 * m + g, momentum, grads)
+        params = jax.tree.map(lambda p, m: p - 0.01 * m, params, momentum)
+        losses.append(value)
+    return params, momentum, jnp.stack(losses)
+
+
+def special_floats(x, y):
+    """NaN, infinities and signed zeros through math, comparisons, selects and reductions."""
+    return (jnp.maximum(x, y), jnp.minimum(x, -0.0), x * 0.0, x / y, jnp.exp(x) - jnp.log(y),
+            jnp.where(x > y, x, y), jnp.sum(x * y), jnp.max(x), jnp.min(y), jnp.sqrt(jnp.abs(x)),
+            jnp.isnan(x + y), jnp.sign(x), jnp.tanh(x) * jnp.cos(y))
+
+
+def integers(i, flags):
+    """int32, uint32 and bool arithmetic, casts and iota."""
+    j = jnp.arange(i.shape[0], dtype=jnp.int32)
+    mixed = jnp.where(flags, i * 3 - j, -i)
+    return (mixed, mixed.sum(), (i & 7) | (j ^ 2), jnp.maximum(i, j), i.astype(jnp.float32) * 0.5,
+            (flags & (i > 0)).astype(jnp.int32), i.astype(jnp.uint32) * jnp.uint32(3),
+            jnp.clip(i, -2, 5), ~flags)
+
+
+def with_loops(x):
+    """A fori_loop with a cond inside, then a while loop: nested loops in the kernel."""
+    def body(k, c):
+        return lax.cond(k < 2, lambda v: v * 1.5, lambda v: v - 1.0, c)
+
+    y = lax.fori_loop(0, 5, body, x)
+
+    def newton(state):  # sqrt(2) by Newton's method, until converged
+        v, n = state
+        return 0.5 * (v + 2.0 / v), n + 1
+
+    root, trips = lax.while_loop(lambda s: (jnp.abs(s[0] * s[0] - 2.0) > 1e-6) & (s[1] < 50),
+                                 newton, (jnp.float32(1.0), 0))
+    return y * root + jnp.sum(y), trips, y[:3] * y[3:]
+
+
+CASES = {
+    "sgd_momentum": (sgd_momentum, (_mlp_params(), jax.tree.map(np.zeros_like, _mlp_params()))),
+    "special_floats": (special_floats, (SPECIAL, SPECIAL[::-1].copy())),
+    "integers": (integers, (np.array([-7, -1, 0, 1, 2, 5, 9, 2**31 - 1], np.int32),
+                            np.array([1, 0, 1, 1, 0, 0, 1, 1], bool))),
+}
+
+
+def _is_program_kernel(fn, args) -> bool:
+    choices = juju.explain(juju.jit(fn, tiered=False), *args)
+    return any(c.primitive == "mojo_program" and "lower_mojo_program_kernel" in str(c.rule)
+               for c in choices)
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    lowered = {name: juju.jit(fn, tiered=False).lower(*args) for name, (fn, args) in CASES.items()}
+    return dict(zip(lowered, juju.compile_all(list(lowered.values()))))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_program_is_one_kernel_and_matches_jax(compiled, name):
+    fn, args = CASES[name]
+    lowered = compiled[name].lowered
+    assert [e.primitive.name for e in lowered.closed_jaxpr.jaxpr.eqns] == ["mojo_program"]
+    assert _is_program_kernel(fn, args)
+    got = compiled[name](*args)
+    expected = jax.jit(fn)(*args)
+    assert jax.tree.structure(got) == jax.tree.structure(expected)
+    for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+        assert_same(juju.to_numpy(g), np.asarray(e))
+
+
+def test_loops_inside_a_program_kernel():
+    x = rng.standard_normal(6).astype(np.float32)
+    f = juju.jit(with_loops, tiered=False)
+    assert _is_program_kernel(with_loops, (x,))
+    for g, e in zip(jax.tree.leaves(f(x)), jax.tree.leaves(jax.jit(with_loops)(x))):
+        assert_same(juju.to_numpy(g), np.asarray(e))
+
+
+def test_programs_the_generator_refuses_stay_max_graphs(monkeypatch):
+    def sorts(x):  # sort has no generated form
+        y = jnp.sort(x * 2.0 + 1.0)
+        return jnp.tanh(y) * jnp.exp(-y) + jnp.cos(y) - jnp.sin(x) * x
+
+    x = SPECIAL
+    eqns = juju.jit(sorts, tiered=False).lower(x).closed_jaxpr.jaxpr.eqns
+    assert "mojo_program" not in [e.primitive.name for e in eqns]
+
+    small = juju.jit(lambda v: v * 2.0 + 1.0, tiered=False).lower(x)  # under MIN_EQUATIONS
+    assert "mojo_program" not in [e.primitive.name for e in small.closed_jaxpr.jaxpr.eqns]
+
+    monkeypatch.setenv("JUJU_PROGRAM_KERNELS", "0")
+    off = juju.jit(special_floats, tiered=False).lower(SPECIAL, SPECIAL)
+    assert len(off.closed_jaxpr.jaxpr.eqns) >= program_kernels.MIN_EQUATIONS
+
+
+def test_a_kernel_that_fails_to_build_falls_back_to_max_ops(monkeypatch):
+    """A generator bug must not fail the program: `mojo_program`'s own rule
+    lowers its equations one by one."""
+    def broken_build(kernel):
+        raise juju.CompileError("a generated kernel that does not build")
+
+    monkeypatch.setattr(loop_rules, "_library", broken_build)
+
+    def chain(x):
+        for k in range(6):
+            x = jnp.sin(x) * (k + 1.0) + jnp.float32(0.5)
+        return x
+
+    x = rng.standard_normal(5).astype(np.float32)
+    f = juju.jit(chain, tiered=False)
+    assert [e.primitive.name for e in f.lower(x).closed_jaxpr.jaxpr.eqns] == ["mojo_program"]
+    assert not _is_program_kernel(chain, (x,))
+    assert_same(juju.to_numpy(f(x)), np.asarray(jax.jit(chain)(x)))
