@@ -28,6 +28,7 @@ from juju.errors import (
     MissingRuleError,
     PackError,
     PackLoadError,
+    ProfileError,
     RuleConflictError,
     UnsupportedDtypeError,
 )
@@ -57,6 +58,7 @@ if _HAS_JAX:
     from juju.registry import ALL_DTYPES, Priority, Registry, Rule, RuleSet, direct
     from juju.stages import Compiled, Lowered, compile_all
     from juju.exporting import Exported, export
+    from juju.profiling import Profile, ProfileEntry, profile
 
 __version__ = "0.1.0"
 
@@ -69,7 +71,7 @@ __all__ = [
     "UnsupportedDtypeError", "EngineUnavailableError", "CompileError", "CompilerCrashError",
     "MaxUnavailableWarning", "PackError", "PackLoadError",
     "export", "Exported", "ExportError", "ArtifactError", "ArtifactVersionError",
-    "InputMismatchError",
+    "InputMismatchError", "profile", "Profile", "ProfileEntry", "ProfileError",
 ]
 
 

@@ -172,3 +172,8 @@ class ArtifactVersionError(ArtifactError):
 class InputMismatchError(JujuError, TypeError):
     """An exported function was called with arguments of another pytree
     structure, shape or dtype than it was exported for."""
+
+
+class ProfileError(JujuError, RuntimeError):
+    """`juju.profile` cannot time this program as asked (abstract arguments,
+    a graph that failed to run); the message says which, the cause is chained."""
