@@ -301,15 +301,20 @@ def _primitives(jaxpr, found):
 
 
 def test_cases_cover_every_supported_equation():
+    """Here or in test_loop_kernels_ext (the indexing and integer equations)."""
+    from tests import test_loop_kernels_ext as ext
+
     found = set()
-    for name, (fn, args) in CASES.items():
+    for name, (fn, args) in [*CASES.items(), *ext.CASES.items()]:
         with jax.enable_x64(_x64(name)):
             _primitives(jax.make_jaxpr(fn)(*args).jaxpr, found)
     supported = set(loop_codegen.ELEMENTWISE) | set(loop_codegen.EQUATIONS)
     # Call and copy primitives jax no longer writes into traced programs (the
     # call primitive's name differs between jax releases).
+    # mojo_program (program_kernels' whole-program call) is tested in
+    # test_program_kernels.
     elsewhere = {p.name for p in call_primitives} | {"copy", "copy_p", "core_call",
-                                                     "stop_gradient"}
+                                                     "stop_gradient", "mojo_program"}
     missing = {p.name for p in supported - found} - elsewhere
     assert not missing, f"no case exercises {sorted(missing)}"
 

@@ -6,14 +6,17 @@ a trip on the CPU, whatever the body holds), so a small-body loop costs
 equation in it as Mojo loops over static shapes (SIMD vectors for float
 arithmetic, math functions and copies; scalar loops for the rest): the loop
 then runs without leaving compiled code. It covers the equations small iterative
-programs are made of (elementwise math, comparisons, select, casts,
-broadcasts, reshapes, transposes, slices, concatenation, reductions,
-dot_general, iota, dynamic slices, cond, nested scan/while and the call
-wrappers); anything else raises `Unsupported` and the loop keeps lax's rule.
+programs are made of (elementwise math, integer div/rem, rem and pow,
+comparisons, select, casts, broadcasts, reshapes, transposes, slices,
+concatenation, stack/unstack/split, pad, reductions, argmax/argmin and
+lax.reduce, dot_general, iota, dynamic slices, gather and scatter in XLA's
+index modes, cond, nested scan/while and the call wrappers); anything else
+raises `Unsupported` and the loop keeps lax's rule.
 
 Every array is flat and row-major; an `Array` is a pointer, a static shape
 and an offset expression (a row of `xs` is the input at `step * row`).
-Scratch buffers are allocated once, before the outermost loop.
+Scratch buffers are slices of one pool per dtype, allocated once before the
+outermost loop.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from juju import fallback
 from juju import primitives as P
 from juju._compat import call_primitives, open_jaxpr, scan_layout
 from juju_kernels_mojo.loop_mojo import (
-    ELEMENTWISE, FLOAT_DIV, FLOAT_ONLY, INTEGER_ONLY, PRELUDE, VECTOR_BYTES, VECTOR_ELEMENTWISE,
+    ELEMENTWISE, FLOAT_ONLY, INTEGER_ONLY, NOT_BOOL, PRELUDE, VECTOR_BYTES, VECTOR_ELEMENTWISE,
     LIBM_EXP_F64,
     Array, Const, Unsupported, add_offsets, binary_expression, unary_expression, index_expr, literal, mojo_dtype,
     scalar_type,
@@ -43,8 +46,8 @@ class Emitter:
     """Writes Mojo statements for jaxpr equations over `Array`s."""
 
     def __init__(self):
-        self.decls: list[str] = []  # scratch allocation, before the loops
-        self.scratch_ptrs: set[str] = set()  # the buffers `scratch` allocated
+        self.pools: dict[np.dtype, int] = {}  # elements of scratch per dtype
+        self.scratch_ids: set[tuple] = set()  # (ptr, offset) of what `scratch` gave
         self.lines: list[str] = []
         self.depth = 3  # inside execute's `with FlushDenormals():`
         self.count = 0
@@ -70,22 +73,45 @@ class Emitter:
             self.depth -= 1
 
     def scratch(self, shape, dtype) -> Array:
-        shape = tuple(int(d) for d in shape)
-        name = self.fresh("t")
-        size = max(math.prod(shape), 1)
-        self.decls.append(
-            f"var {name}_list = List[{scalar_type(dtype)}](length={size}, fill=0)")
-        self.decls.append(f"var {name} = {name}_list.unsafe_ptr()")
-        self.scratch_ptrs.add(name)
-        return Array(name, shape, np.dtype(dtype))
+        """A fresh buffer: a slice of one pool per dtype, allocated once before
+        the loops (one allocation per buffer made Mojo's compile time grow
+        faster than the source: 133 s for a 7,300-line diffrax loop)."""
+        shape, dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+        base = self.pools.get(dtype, 0)
+        # Each buffer starts at a multiple of the SIMD width.
+        width = VECTOR_BYTES // dtype.itemsize
+        self.pools[dtype] = base + -(-max(math.prod(shape), 1) // width) * width
+        array = Array(f"p_{dtype.name}", shape, dtype, str(base) if base else "")
+        self.scratch_ids.add((array.ptr, array.offset))
+        return array
+
+    def decls(self) -> list[str]:
+        """The pools' allocation, before the loops."""
+        lines = []
+        for dtype, size in self.pools.items():
+            name = f"p_{dtype.name}"
+            lines.append(f"var {name}_list = List[{scalar_type(dtype)}](length={size}, fill=0)")
+            lines.append(f"var {name} = {name}_list.unsafe_ptr()")
+        return lines
 
     def nest(self, shape, body) -> None:
         """Loops over `shape` (row-major), calling body(index names) inside."""
-        names = [self.fresh("i") for _ in shape]
+        names = ["0" if dim == 1 else self.fresh("i") for dim in shape]
         with contextlib.ExitStack() as stack:
             for name, dim in zip(names, shape):
-                stack.enter_context(self.block(f"for {name} in range({dim}):"))
+                if dim != 1:
+                    stack.enter_context(self.block(f"for {name} in range({dim}):"))
             body(names)
+
+    @contextlib.contextmanager
+    def each(self, start: int, stop: int):
+        """A loop over range(start, stop), yielding its index (no loop for one)."""
+        if stop - start == 1:
+            yield str(start)
+            return
+        k = self.fresh("k")
+        with self.block(f"for {k} in range({start}, {stop}):"):
+            yield k
 
     def copy(self, src, dst: Array, convert=None) -> None:
         """dst = src elementwise (src may be a Const or a same-size Array)."""
@@ -103,8 +129,7 @@ class Emitter:
                     self.emit(dst.store(k, src.load(k, width)))
             if start == dst.size:
                 return
-        k = self.fresh("k")
-        with self.block(f"for {k} in range({start}, {dst.size}):"):
+        with self.each(start, dst.size) as k:
             value = src.at(k)
             self.emit(f"{dst.at(k)} = {convert(value) if convert else value}")
 
@@ -172,7 +197,7 @@ class Emitter:
         (out,) = outs
         dt = ins[0].dtype
         floating = dt.kind == "f"
-        if (prim in FLOAT_ONLY or prim in FLOAT_DIV) and not floating:
+        if (prim in FLOAT_ONLY and not floating) or (prim in NOT_BOOL and dt == np.bool_):
             raise Unsupported(f"{prim.name} of {dt}")
         if prim in INTEGER_ONLY and floating:
             raise Unsupported(f"{prim.name} of {dt}")
@@ -182,8 +207,7 @@ class Emitter:
             start = self.vector_elementwise(prim, ins, out, dt) if floating else 0
             if start == out.size:
                 return
-            k = self.fresh("k")
-            with self.block(f"for {k} in range({start}, {out.size}):"):
+            with self.each(start, out.size) as k:
                 self.element(prim, ins, out, [x.at("0") if x.size == 1 else x.at(k) for x in ins],
                              k, dt, params)
             return
@@ -240,6 +264,9 @@ class Emitter:
             expr = f"min_nan(max_nan({args[1]}, {args[0]}), {args[2]})"
         elif prim is P.convert_element_type_p:
             expr = self.convert(args[0], dt, out.dtype)
+        elif prim is P.pow_p:  # an integer exponent is converted, as jax's lowering does
+            y = args[1] if ins[1].dtype == dt else self.convert(args[1], ins[1].dtype, dt)
+            expr = f"float_pow({args[0]}, {y})"
         else:
             fn = unary_expression(prim) or binary_expression(prim)
             expr = fn(dt, *args)
@@ -358,6 +385,214 @@ class Emitter:
             self.copy_strided(x.shape, out, st, x, row_major(x.shape),
                               dst_offset=str(at * st[dimension]) if at else "")
             at += x.shape[dimension]
+
+    def stack(self, prim, ins, outs, *, axis):
+        (out,) = outs
+        st = row_major(out.shape)
+        inner = [s for d, s in enumerate(st) if d != axis]
+        for j, x in enumerate(ins):
+            self.copy_strided(x.shape, out, inner, x, row_major(x.shape),
+                              dst_offset=str(j * st[axis]) if j else "")
+
+    def unstack(self, prim, ins, outs, *, axis):
+        (operand,) = ins
+        src = row_major(operand.shape)
+        inner = [s for d, s in enumerate(src) if d != axis]
+        for j, out in enumerate(outs):
+            self.strided(out, operand, inner, str(j * src[axis]) if j else "")
+
+    def split(self, prim, ins, outs, *, sizes, axis):
+        (operand,) = ins
+        src = row_major(operand.shape)
+        at = 0
+        for out, size in zip(outs, sizes, strict=True):
+            self.strided(out, operand, src, str(at * src[axis]) if at else "")
+            at += int(size)
+
+    def fill(self, dst: Array, value: str) -> None:
+        """dst[:] = value (a scalar expression)."""
+        with self.each(0, dst.size) as k:
+            self.emit(f"{dst.at(k)} = {value}")
+
+    def pad(self, prim, ins, outs, *, padding_config):
+        (operand, value), (out,) = ins, outs
+        if not out.size:
+            return
+        self.fill(out, value.at("0"))
+        counts, dst_st, src_st = [], [], []
+        dst_at = src_at = 0
+        for n, dim, (lo, _, interior), d, s in zip(operand.shape, out.shape, padding_config,
+                                                   row_major(out.shape),
+                                                   row_major(operand.shape)):
+            step = int(interior) + 1
+            # the operand's indices i whose place lo + i * step is in [0, dim)
+            first, stop = max(0, -(lo // step)), min(n, (dim - 1 - lo) // step + 1)
+            counts.append(max(stop - first, 0))
+            dst_st.append(step * d)
+            src_st.append(s)
+            dst_at += (lo + first * step) * d
+            src_at += first * s
+        self.copy_strided(counts, out, dst_st, operand, src_st,
+                          dst_offset=str(dst_at) if dst_at else "",
+                          src_offset=str(src_at) if src_at else "")
+
+    def index_of(self, indices, batch, j: int) -> str:
+        """Index vector element j at batch position `batch` (index_vector_dim
+        is the last axis in jax), as a fresh Int variable."""
+        st = row_major(indices.shape)
+        name = self.fresh("s")
+        at = add_offsets(index_expr(batch, st[:-1]), str(j * st[-1]) if j else "")
+        self.emit(f"var {name} = Int({indices.at(at)})")
+        return name
+
+    def gather(self, prim, ins, outs, *, dimension_numbers, slice_sizes, indices_are_sorted,
+               unique_indices, mode, fill_value):
+        (operand, indices), (out,) = ins, outs
+        dn, mode = dimension_numbers, _mode_name(mode)
+        if mode not in ("CLIP", "FILL_OR_DROP", "PROMISE_IN_BOUNDS"):
+            raise Unsupported(f"gather with mode={mode}")
+        if not out.size:  # (an empty operand gives an empty result)
+            return
+        src, out_st = row_major(operand.shape), row_major(out.shape)
+        window = [d for d in range(len(src))
+                  if d not in dn.collapsed_slice_dims and d not in dn.operand_batching_dims]
+        batch_st = [out_st[d] for d in range(len(out_st)) if d not in dn.offset_dims]
+        fill = None
+        if mode == "FILL_OR_DROP":  # a slice not wholly in bounds reads fill_value
+            fill = literal(_fill_value(operand.dtype, fill_value), operand.dtype)
+
+        def body(batch):
+            starts = [self.index_of(indices, batch, j) for j in range(len(dn.start_index_map))]
+            highs = [operand.shape[d] - slice_sizes[d] for d in dn.start_index_map]
+            ok = None
+            if fill is not None and starts:
+                ok = self.fresh("ok")
+                self.emit(f"var {ok} = " + " and ".join(
+                    f"{s} >= 0 and {s} <= {hi}" for s, hi in zip(starts, highs)))
+            for s, hi in zip(starts, highs):  # XLA clamps in every mode
+                self.emit(f"{s} = min(max({s}, 0), {hi})")
+            terms = [f"{s} * {src[d]}" for s, d in zip(starts, dn.start_index_map)]
+            # a batching dim of the operand follows one of the indices (vmap)
+            terms += [f"{batch[k]} * {src[d]}" for d, k in
+                      zip(dn.operand_batching_dims, dn.start_indices_batching_dims)]
+            base = " + ".join(terms)
+            to_base = index_expr(batch, batch_st)
+
+            def inner(w):
+                at = add_offsets(base, index_expr(w, [src[d] for d in window]))
+                to = add_offsets(to_base, index_expr(w, [out_st[d] for d in dn.offset_dims]))
+                value = operand.at(at)
+                if ok is not None:
+                    value = f"({value} if {ok} else {fill})"
+                self.emit(f"{out.at(to)} = {value}")
+
+            self.nest([slice_sizes[d] for d in window], inner)
+
+        self.nest(indices.shape[:-1], body)
+
+    def scatter(self, prim, ins, outs, *, update_jaxpr, update_consts, dimension_numbers,
+                indices_are_sorted, unique_indices, mode):
+        """Every scatter primitive: update_jaxpr (None: replace) combines an
+        operand element with an update, written per element."""
+        (operand, indices, updates), (out,) = ins, outs
+        dn, mode = dimension_numbers, _mode_name(mode)
+        if mode not in ("CLIP", "FILL_OR_DROP", "PROMISE_IN_BOUNDS"):
+            raise Unsupported(f"scatter with mode={mode}")
+        self.copy(operand, out)
+        if not out.size or not updates.size:
+            return
+        st, ust = row_major(out.shape), row_major(updates.shape)
+        window = [d for d in range(len(st))
+                  if d not in dn.inserted_window_dims and d not in dn.operand_batching_dims]
+        size = {d: updates.shape[u] for d, u in zip(window, dn.update_window_dims)}
+        scattered = [d for d in range(len(ust)) if d not in dn.update_window_dims]
+        consts = [self.closed_const(c) for c in update_consts]
+
+        def body(batch):
+            starts = [self.index_of(indices, batch, j)
+                      for j in range(len(dn.scatter_dims_to_operand_dims))]
+            highs = [out.shape[d] - size.get(d, 1) for d in dn.scatter_dims_to_operand_dims]
+            if mode == "CLIP":
+                for s, hi in zip(starts, highs):
+                    self.emit(f"{s} = min(max({s}, 0), {hi})")
+            terms = [f"{s} * {st[d]}" for s, d in zip(starts, dn.scatter_dims_to_operand_dims)]
+            terms += [f"{batch[k]} * {st[d]}" for d, k in
+                      zip(dn.operand_batching_dims, dn.scatter_indices_batching_dims)]
+            base = " + ".join(terms)
+            from_base = index_expr(batch, [ust[d] for d in scattered])
+
+            def inner(w):
+                to = add_offsets(base, index_expr(w, [st[d] for d in window]))
+                at = add_offsets(from_base, index_expr(w, [ust[d] for d in dn.update_window_dims]))
+                target, update = element(out, to), element(updates, at)
+                if update_jaxpr is not None:
+                    (update,) = self.jaxpr(update_jaxpr, [*consts, target, update])
+                self.copy(update, target)
+
+            # XLA drops an update window not wholly in bounds (CLIP clamped it)
+            checks = [f"{s} >= 0 and {s} <= {hi}" for s, hi in zip(starts, highs)]
+            with (self.block(f"if {' and '.join(checks)}:") if checks and mode != "CLIP"
+                  else contextlib.nullcontext()):
+                self.nest([size[d] for d in window], inner)
+
+        self.nest(indices.shape[:-1], body)
+        self.work += updates.size
+
+    def argminmax(self, prim, ins, outs, *, axes, index_dtype):
+        """The first extreme element's index; the first NaN's if any, as
+        jax's comparator (argmax/argmin's lowering) picks."""
+        (operand,), (out,) = ins, outs
+        (axis,) = axes
+        n, dt = operand.shape[axis], operand.dtype
+        if not n:
+            raise Unsupported(f"{prim.name} over an empty axis")
+        src, out_st = row_major(operand.shape), row_major(out.shape)
+        kept = [s for d, s in enumerate(src) if d != axis]
+        beats = ">" if prim is P.argmax_p else "<"
+
+        def body(idx):
+            base = index_expr(idx, kept)
+            best, where, j, v = (self.fresh(x) for x in ("m", "w", "j", "v"))
+            self.emit(f"var {best} = {operand.at(base)}")
+            self.emit(f"var {where} = 0")
+            with self.block(f"for {j} in range(1, {n}):"):
+                self.emit(f"var {v} = {operand.at(add_offsets(base, f'{j} * {src[axis]}'))}")
+                test = f"{v} {beats} {best}"
+                if dt == np.bool_:
+                    test = f"{v}.cast[DType.int32]() {beats} {best}.cast[DType.int32]()"
+                if dt.kind == "f":
+                    test += f" or (isnan({v}) and not isnan({best}))"
+                with self.block(f"if {test}:"):
+                    self.emit(f"{best} = {v}")
+                    self.emit(f"{where} = {j}")
+            self.emit(f"{out.at(index_expr(idx, out_st))} = {scalar_type(out.dtype)}({where})")
+
+        self.nest(out.shape, body)
+        self.work += operand.size
+
+    def reduce_variadic(self, prim, ins, outs, *, computation, jaxpr, dimensions):
+        """lax.reduce: the computation's jaxpr folds each element into the
+        accumulators, in row-major order (XLA leaves the order open)."""
+        operands, inits = ins[:len(outs)], ins[len(outs):]
+        shape = operands[0].shape
+        acc_st = [0] * len(shape)
+        for d, s in zip([d for d in range(len(shape)) if d not in dimensions],
+                        row_major(outs[0].shape)):
+            acc_st[d] = s
+        for out, init in zip(outs, inits, strict=True):
+            self.fill(out, init.at("0"))
+        staged = [self.scratch((), o.dtype) for o in outs]
+        src = row_major(shape)
+
+        def body(idx):
+            accs = [element(o, index_expr(idx, acc_st)) for o in outs]
+            new = self.jaxpr(jaxpr, [*accs, *(element(x, index_expr(idx, src))
+                                              for x in operands)])
+            self.advance(new, staged, accs)
+
+        if math.prod(shape):
+            self.nest(shape, body)
+        self.work += math.prod(shape) * len(operands)
 
     def iota(self, prim, ins, outs, *, dtype, shape, dimension, sharding=None):
         (out,) = outs
@@ -564,13 +799,36 @@ class Emitter:
         """carry = new. A value computed in the body is copied straight in;
         one that is a carry, an input or a literal goes through `staged`
         (a carry may be overwritten before another reads it)."""
-        computed = [isinstance(v, Array) and v.ptr in self.scratch_ptrs and v.ptr not in
-                    {c.ptr for c in carry} for v in new]
+        carried = {(c.ptr, c.offset) for c in carry}
+        computed = [isinstance(v, Array) and (v.ptr, v.offset) in self.scratch_ids
+                    and (v.ptr, v.offset) not in carried for v in new]
         for src, dst, direct in zip(new, staged, computed):
             if not direct:
                 self.copy(src, dst)
         for src, tmp, dst, direct in zip(new, staged, carry, computed):
             self.copy(src if direct else tmp, dst)
+
+
+def element(x, at: str):
+    """Element `at` of x as a rank-0 array (or the literal)."""
+    if isinstance(x, Const):
+        return Const(x.value, (), x.dtype)
+    return Array(x.ptr, (), x.dtype, add_offsets(x.offset, at))
+
+
+def _mode_name(mode) -> str:
+    return getattr(mode, "name", str(mode)).upper()
+
+
+def _fill_value(dtype, fill_value):
+    """What a FILL_OR_DROP gather reads out of bounds (jax's defaults)."""
+    if fill_value is not None:
+        return fill_value
+    if dtype.kind == "f":
+        return np.nan
+    if dtype == np.bool_:
+        return True
+    return np.iinfo(dtype).min if dtype.kind == "i" else np.iinfo(dtype).max
 
 
 EQUATIONS = {
@@ -583,6 +841,16 @@ EQUATIONS = {
     P.dynamic_slice_p: Emitter.dynamic_slice,
     P.dynamic_update_slice_p: Emitter.dynamic_update_slice,
     P.concatenate_p: Emitter.concatenate,
+    P.stack_p: Emitter.stack,
+    P.unstack_p: Emitter.unstack,
+    P.split_p: Emitter.split,
+    P.pad_p: Emitter.pad,
+    P.gather_p: Emitter.gather,
+    P.argmax_p: Emitter.argminmax,
+    P.argmin_p: Emitter.argminmax,
+    P.reduce_p: Emitter.reduce_variadic,
+    **{p: Emitter.scatter for p in (P.scatter_p, P.scatter_add_p, P.scatter_mul_p,
+                                    P.scatter_min_p, P.scatter_max_p)},
     P.iota_p: Emitter.iota,
     P.dot_general_p: Emitter.dot_general,
     P.cond_p: Emitter.cond,
@@ -617,10 +885,10 @@ def loop_source(prim, params, in_avals, out_avals, name: str) -> LoopKernel:
     Every operand and result is passed flat (rank 1). Raises `Unsupported`.
     """
     e = Emitter()
+    for a in (*in_avals, *out_avals):  # first: a PRNG key has no numpy dtype
+        e.check_aval(a)
     ins = [Array(f"a{i}", tuple(a.shape), np.dtype(a.dtype)) for i, a in enumerate(in_avals)]
     outs = [Array(f"r{i}", tuple(a.shape), np.dtype(a.dtype)) for i, a in enumerate(out_avals)]
-    for a in (*in_avals, *out_avals):
-        e.check_aval(a)
     e.equation(prim, ins, outs, params)
     args = [f"        o{i}: OutputTensor[dtype={mojo_dtype(a.dtype)}, rank=1, ...],"
             for i, a in enumerate(out_avals)]
@@ -645,7 +913,7 @@ def loop_source(prim, params, in_avals, out_avals, name: str) -> LoopKernel:
         *(indent + line for line in pointers),
         # XLA's and MAX's CPU kernels read and write denormals as zeros.
         indent + "with FlushDenormals():",
-        *(indent + "    " + line for line in e.decls),
+        *(indent + "    " + line for line in e.decls()),
         *e.lines,
         "",
     ])

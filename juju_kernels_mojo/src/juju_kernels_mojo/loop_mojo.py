@@ -114,7 +114,8 @@ def strides(shape) -> list[int]:
 
 
 def index_expr(indices, stride_list) -> str:
-    terms = [i if s == 1 else f"{i} * {s}" for i, s in zip(indices, stride_list) if s != 0]
+    terms = [i if s == 1 else f"{i} * {s}" for i, s in zip(indices, stride_list)
+             if s != 0 and i != "0"]
     return " + ".join(terms) or "0"
 
 
@@ -168,7 +169,9 @@ def binary_expression(prim):
         P.add_p: lambda dt, a, b: f"{a} + {b}",
         P.sub_p: lambda dt, a, b: f"{a} - {b}",
         P.mul_p: lambda dt, a, b: f"{a} * {b}",
-        P.div_p: lambda dt, a, b: f"{a} / {b}",  # floats only (FLOAT_DIV)
+        P.div_p: lambda dt, a, b: f"{a} / {b}" if dt.kind == "f" else f"int_div({a}, {b})",
+        P.rem_p: lambda dt, a, b: f"{'float' if dt.kind == 'f' else 'int'}_rem({a}, {b})",
+        P.pow_p: lambda dt, a, b: f"float_pow({a}, {b})",  # b converted to a's dtype
         P.add_jaxvals_p: lambda dt, a, b: f"{a} + {b}",
         P.max_p: lambda dt, a, b: f"max_nan({a}, {b})",
         P.min_p: lambda dt, a, b: f"min_nan({a}, {b})",
@@ -187,9 +190,9 @@ def binary_expression(prim):
 
 FLOAT_ONLY = {P.exp_p, P.log_p, P.tanh_p, P.sin_p, P.cos_p, P.sqrt_p, P.log1p_p, P.expm1_p,
               P.exp2_p, P.erf_p, P.floor_p, P.ceil_p, P.rsqrt_p, P.logistic_p, P.is_finite_p,
-              P.atan2_p}
+              P.atan2_p, P.pow_p}
 INTEGER_ONLY = {P.not_p, P.and_p, P.or_p, P.xor_p}
-FLOAT_DIV = {P.div_p}  # integer division rounds toward zero in lax: left to MAX
+NOT_BOOL = {P.div_p, P.rem_p}
 
 PRELUDE = '''\
 from extensibility import register, InputTensor, OutputTensor
@@ -242,6 +245,56 @@ def min_nan[dt: DType](a: Scalar[dt], b: Scalar[dt]) -> Scalar[dt]:
 
 
 @always_inline
+def int_div[dt: DType](a: Scalar[dt], b: Scalar[dt]) -> Scalar[dt]:
+    # XLA's: rounds toward zero; x / 0 is -1 (all bits set), INT_MIN / -1
+    # wraps to INT_MIN (LLVM's sdiv would trap on both).
+    if b == 0:
+        return ~Scalar[dt](0)
+    comptime if dt.is_signed():
+        if b == -1:
+            return -a
+        var q = a // b  # floor: one more where a remainder has the other sign
+        if q * b != a and ((a < 0) != (b < 0)):
+            return q + 1
+        return q
+    else:
+        return a // b
+
+
+@always_inline
+def int_rem[dt: DType](a: Scalar[dt], b: Scalar[dt]) -> Scalar[dt]:
+    # XLA's: the dividend's sign; x % 0 is x, INT_MIN % -1 is 0.
+    if b == 0:
+        return a
+    comptime if dt.is_signed():
+        if b == -1:
+            return 0
+    return a - int_div(a, b) * b
+
+
+@always_inline
+def float_rem[dt: DType](a: Scalar[dt], b: Scalar[dt]) -> Scalar[dt]:
+    # C's fmod (XLA's frem): exact, the dividend's sign.
+    comptime if dt == DType.float64:
+        return external_call["fmod", Float64](a.cast[DType.float64](),
+                                              b.cast[DType.float64]()).cast[dt]()
+    else:
+        return external_call["fmodf", Float32](a.cast[DType.float32](),
+                                               b.cast[DType.float32]()).cast[dt]()
+
+
+@always_inline
+def float_pow[dt: DType](a: Scalar[dt], b: Scalar[dt]) -> Scalar[dt]:
+    # C's pow, as XLA's CPU backend calls it (Mojo's ** takes other paths).
+    comptime if dt == DType.float64:
+        return external_call["pow", Float64](a.cast[DType.float64](),
+                                             b.cast[DType.float64]()).cast[dt]()
+    else:
+        return external_call["powf", Float32](a.cast[DType.float32](),
+                                              b.cast[DType.float32]()).cast[dt]()
+
+
+@always_inline
 def float_to_int[src: DType, dst: DType](x: Scalar[src]) -> Scalar[dst]:
     # XLA's conversion: NaN -> 0, out-of-range values saturate.
     if isnan(x):
@@ -269,4 +322,5 @@ ELEMENTWISE = {
     P.is_finite_p, P.not_p, P.square_p, P.add_p, P.sub_p, P.mul_p, P.div_p, P.max_p, P.min_p,
     P.and_p, P.or_p, P.xor_p, P.eq_p, P.ne_p, P.lt_p, P.le_p, P.gt_p, P.ge_p, P.atan2_p,
     P.integer_pow_p, P.select_n_p, P.clamp_p, P.convert_element_type_p, P.add_jaxvals_p,
+    P.rem_p, P.pow_p,
 }

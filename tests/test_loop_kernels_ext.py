@@ -1,0 +1,279 @@
+"""Loop kernels for the equations of diffrax's and equinox's loops (issue 45),
+against jax.jit: integer div and rem, float rem and pow, gather and scatter
+in every index mode (out-of-bounds indices clamped, filled or dropped as XLA
+does), argmax/argmin and lax.reduce, stack, unstack, split and pad.
+
+Each case is a scan or while_loop checked to run as a generated kernel (not
+lax's loop), on edge values: negative and zero divisors, INT_MIN / -1, NaN,
++-inf and -0.0, ties. All cases compile in ONE MAX compilation.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import juju
+import numpy as np
+import pytest
+from jax import lax
+from juju import primitives as P
+from juju_kernels_mojo.loop_codegen import Emitter, Unsupported
+from juju_kernels_mojo.loop_mojo import Array
+
+from tests.util import assert_same
+
+rng = np.random.default_rng(45)
+PROMISE = lax.GatherScatterMode.PROMISE_IN_BOUNDS
+SPECIAL = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1.5, -2.25, 3e38, -1e-40, 88.0, 7.5,
+                    -7.5, 2.0, 0.5, -1.0, 1.0], np.float32)
+INT_MIN, INT_MAX = -2**31, 2**31 - 1
+
+
+def normal(*shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def integer_division(a, b, u, v):
+    """lax.div/rem round toward zero (the remainder has the dividend's sign);
+    x / 0 is -1 (all ones), x % 0 is x, INT_MIN / -1 wraps; jnp's floor
+    forms on top; uint32."""
+    def step(c, x):
+        a, b, u, v = x
+        outs = (lax.div(a, b), lax.rem(a, b), jnp.floor_divide(a, b), jnp.remainder(a, b),
+                lax.div(u, v), lax.rem(u, v), lax.div(a, jnp.int32(-3)), lax.rem(a, 4))
+        return c + lax.rem(c, 7) + 1, outs
+    return lax.scan(step, jnp.int32(-40), (a, b, u, v))
+
+
+def float_rem_pow(x, y, k):
+    """C's fmod and pow on every pair of special values, pow with an int32
+    exponent (converted, as jax lowers it), jnp's forms."""
+    def step(c, v):
+        a, b, n = v
+        outs = (lax.rem(a, b), lax.pow(a, b), lax.pow(a, n), jnp.power(jnp.abs(a), c),
+                jnp.fmod(a, 3.0), jnp.float_power(jnp.abs(b) + 1, 0.5))
+        return c + 0.5, outs
+    return lax.scan(step, jnp.asarray(-1.0, x.dtype), (x, y, k))
+
+
+def _special_pairs(dtype):
+    a = np.repeat(SPECIAL, SPECIAL.size).astype(dtype).reshape(8, 32)
+    b = np.tile(SPECIAL, SPECIAL.size).astype(dtype).reshape(8, 32)
+    k = rng.integers(-5, 6, size=(8, 32)).astype(np.int32)
+    k[0, :4] = [INT_MAX, INT_MIN, 0, 127]
+    return a, b, k
+
+
+GDN = lax.GatherDimensionNumbers
+
+
+def gathers(x, m, i, w):
+    """lax.gather in each mode with indices in and out of bounds: elements
+    (CLIP, FILL_OR_DROP with jax's default and an explicit fill, PROMISE
+    clamped as XLA does), rows, columns (offset dims before the batch dim),
+    2-D windows by 2-component indices, int and bool fills, uint32 indices,
+    jnp's take and a vmapped gather (batching dims)."""
+    element = GDN(offset_dims=(), collapsed_slice_dims=(0,), start_index_map=(0,))
+    rows = GDN(offset_dims=(1,), collapsed_slice_dims=(0,), start_index_map=(0,))
+    cols = GDN(offset_dims=(0,), collapsed_slice_dims=(1,), start_index_map=(1,))
+    windows = GDN(offset_dims=(1, 2), collapsed_slice_dims=(), start_index_map=(0, 1))
+    mi = (m * 10).astype(jnp.int32)
+
+    def step(c, v):
+        idx, win = v
+        col = idx[:, None]
+        outs = (
+            lax.gather(x, col, element, (1,), mode="clip"),
+            lax.gather(x, col, element, (1,), mode="fill"),
+            lax.gather(x, col, element, (1,), mode="fill", fill_value=-5.0),
+            lax.gather(x, col, element, (1,), mode=PROMISE),
+            lax.gather(x, col.astype(jnp.uint32), element, (1,), mode="fill"),
+            lax.gather(m, col, rows, (1, 4), mode="fill"),
+            lax.gather(m, col, cols, (5, 1), mode="clip"),
+            lax.gather(m, win, windows, (2, 3), mode="clip"),
+            lax.gather(m, win, windows, (2, 3), mode="fill"),
+            lax.gather(mi, win, windows, (2, 3), mode="fill"),
+            lax.gather(mi.astype(jnp.uint32), win, windows, (2, 3), mode="fill"),
+            lax.gather(m > 0, win, windows, (2, 3), mode="fill"),
+            jnp.take(x, idx, mode="wrap"),
+            x.at[idx].get(mode="fill", fill_value=7.0),
+            jax.vmap(lambda r, j: r[j])(m, jnp.clip(idx[:5], -4, 3)),
+        )
+        return c + outs[0].sum(), outs
+    return lax.scan(step, jnp.float32(0), (i, w))
+
+
+SDN = lax.ScatterDimensionNumbers
+
+
+def scatters(x, m, i, u, w):
+    """Scatters in each mode: equinox's maybe_set (`x.at[j].set(v)` with a
+    dynamic j), add/mul/min/max with duplicate, negative and too large
+    indices (dropped), NaN updates, clipped windows and dropped partial
+    windows (2-component indices), int and bool operands, scatter_apply (a
+    custom update_jaxpr) and a vmapped scatter (batching dims)."""
+    element = SDN(update_window_dims=(), inserted_window_dims=(0,),
+                  scatter_dims_to_operand_dims=(0,))
+    windows = SDN(update_window_dims=(1, 2), inserted_window_dims=(),
+                  scatter_dims_to_operand_dims=(0, 1))
+
+    def body(k, s):
+        x, m, acc, flags = s
+        idx, upd, win = i[k], u[k], w[k]
+        col = idx[:, None]
+        j = idx[0]
+        x = x.at[j].set(upd[0])  # FILL_OR_DROP: j >= 10 is dropped
+        x = lax.scatter_add(x, col, upd, element, mode="drop")
+        x = lax.scatter_mul(x, col, jnp.tanh(upd) + 1, element, mode=PROMISE)
+        x = lax.scatter_max(x, col, upd, element, mode="clip")
+        x = lax.scatter_min(x, col[::-1], -upd, element, mode="drop")
+        x = lax.scatter(x, jnp.array([[3], [12], [-1]]) + k, upd[:3], element, mode="clip")
+        x = lax.scatter_apply(x, col[:2], jnp.sin, element, update_shape=(2,), mode="drop")
+        m = m.at[j % 6].set(upd[:4])  # a row (window) at a dynamic index
+        block = jnp.broadcast_to(upd[:3], (2, 2, 3))
+        m = lax.scatter_add(m, win, block, windows, mode="drop")  # partial windows dropped
+        m = lax.scatter(m, win[:1], block[:1] * 2, windows, mode="clip")
+        acc = lax.scatter_add(acc, col, idx, element, mode="drop")
+        acc = lax.scatter_max(acc, col, idx * 3, element, mode="clip")
+        flags = flags.at[j].set(upd[1] > 0)
+        flags = lax.scatter_max(flags, col, upd > 0, element, mode="drop")
+        m = jax.vmap(lambda r, c, v: r.at[c].add(v))(m, jnp.clip(idx[:5], -4, 3), upd[:5])
+        return x, m, acc, flags
+    init = (x, m, jnp.arange(10, dtype=jnp.int32), jnp.zeros(10, bool))
+    return lax.fori_loop(0, i.shape[0], body, init)
+
+
+def _scatter_args():
+    i = rng.integers(-12, 14, size=(6, 6)).astype(np.int32)
+    i[0, 0], i[1, 0], i[2, :3] = 12, -3, 4  # dropped, from the end, duplicates
+    u = normal(6, 6) * 3
+    u[1, 2], u[3, 0], u[4, 4] = np.nan, np.nan, -0.0
+    w = rng.integers(-2, 6, size=(6, 2, 2)).astype(np.int32)
+    return normal(10), normal(5, 4), i, u, w
+
+
+def arg_extremes(x, n):
+    """argmax/argmin over either axis: the first extreme, the first NaN where
+    there is one, ties, -0.0 against 0.0, -inf only; ints; and lax.reduce with
+    two operands (argmax by a custom reducer) and with a custom single one."""
+    def reducer(a, b):
+        value = jnp.maximum(a[0], b[0])
+        index = jnp.where(a[0] > b[0], a[1], jnp.where(b[0] > a[0], b[1], jnp.minimum(a[1], b[1])))
+        return value, index
+
+    def step(c, v):
+        a, k = v
+        iota = lax.broadcasted_iota(jnp.int32, a.shape, 1)
+        finite = jnp.where(jnp.isnan(a), 0.0, a)
+        outs = (jnp.argmax(a, axis=1), jnp.argmin(a, axis=1), jnp.argmax(a, axis=0),
+                jnp.argmin(a, axis=0), jnp.argmax(k, axis=1), jnp.argmin(k, axis=0),
+                jnp.argmax(a > 0.5, axis=1), jnp.argmin(k > 0, axis=0),
+                lax.argmax(a, 1, jnp.int32), lax.argmin(k.astype(jnp.uint32), 1, jnp.int32),
+                lax.reduce((finite, iota), (-jnp.inf, 0), reducer, (1,)),
+                lax.reduce(k, jnp.int32(INT_MIN), lambda p, q: jnp.maximum(p, q) * 1, (0, 1)),
+                lax.reduce((k, k), (0, 1), lambda p, q: (p[0] + q[0], p[1] * q[1]), (0,)))
+        return c + jnp.argmax(a.sum(axis=0)), outs
+    return lax.scan(step, jnp.int32(0), (x, n))
+
+
+def _extreme_rows():
+    x = normal(3, 6, 7)
+    x[0, 0] = [1.0, np.nan, 3.0, np.nan, 3.0, -1.0, 0.0]
+    x[0, 1] = [2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]
+    x[0, 2] = [-0.0, 0.0, -0.0, 0.0, -0.0, 0.0, -0.0]
+    x[0, 3] = [-np.inf] * 7
+    x[0, 4] = [np.inf, 1.0, np.inf, -np.inf, np.nan, -np.inf, 5.0]
+    x[1, :, 3] = np.nan
+    n = rng.integers(-3, 4, size=(3, 6, 7)).astype(np.int32)
+    n[0, 0] = [INT_MIN, INT_MAX, 0, INT_MAX, INT_MIN, 1, 1]
+    return x, n
+
+
+def pads_and_stacks(x, p):
+    """lax.pad with negative edges and interior padding, a dynamic pad value,
+    everything cut away; int pads; stack / unstack / split (jnp.stack,
+    jnp.unstack, jnp.split) along inner axes; bool stacks."""
+    def step(c, v):
+        a, q = v
+        rows = jnp.unstack(a, axis=1)
+        parts = jnp.split(a, [1, 3], axis=1)
+        outs = (lax.pad(a, q, ((1, -1, 1), (-2, 3, 0))),
+                lax.pad(a, 0.0, ((0, 0, 2), (1, 1, 1))),
+                lax.pad(a, c, ((-3, 1, 0), (0, -4, 0))),
+                lax.pad(a, c, ((-2, -1, 2), (-1, -2, 1))),
+                lax.pad((a * 4).astype(jnp.int32), -7, ((2, 0, 1), (0, 1, 0))),
+                jnp.stack([a, a * 2], axis=1), jnp.stack(rows, axis=-1), *rows, *parts,
+                jnp.stack([a > 0, a < 0]))
+        return c + q, outs
+    return lax.scan(step, jnp.float32(0.5), (x, p))
+
+
+CASES = {
+    "integer_division": (integer_division, (
+        np.array([7, -7, 7, -7, 0, 5, INT_MIN, INT_MIN, INT_MAX, 3, -3, 9, INT_MIN, -1], np.int32),
+        np.array([2, 2, -2, -2, 3, 0, -1, 2, -1, 0, 7, -4, INT_MIN, INT_MIN], np.int32),
+        np.array([7, 0, 2**32 - 1, 5, 9, 2**31, 3, 1, 0, 8, 13, 100, 6, 4], np.uint32),
+        np.array([2, 3, 2, 0, 4, 7, 2**32 - 1, 1, 0, 3, 5, 9, 6, 4], np.uint32))),
+    "float_rem_pow": (float_rem_pow, _special_pairs(np.float32)),
+    "float64_rem_pow": (float_rem_pow, _special_pairs(np.float64)),
+    "gathers": (gathers, (normal(10), normal(5, 4),
+                          rng.integers(-12, 14, size=(4, 6)).astype(np.int32),
+                          rng.integers(-3, 6, size=(4, 3, 2)).astype(np.int32))),
+    "scatters": (scatters, _scatter_args()),
+    "arg_extremes": (arg_extremes, _extreme_rows()),
+    "pads_and_stacks": (pads_and_stacks, (normal(3, 4, 5), normal(3))),
+}
+
+
+def _x64(name):
+    return name.startswith("float64")
+
+
+def _loop_rules(fn, args) -> set:
+    return {(c.pack, c.rule) for c in juju.explain(fn, *args)
+            if c.primitive in ("scan", "while")}
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    lowered = {}
+    for name, (fn, args) in CASES.items():
+        with jax.enable_x64(_x64(name)):
+            lowered[name] = juju.jit(fn).lower(*args)
+    return dict(zip(lowered, juju.compile_all(list(lowered.values()))))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_jax(compiled, name):
+    fn, args = CASES[name]
+    with jax.enable_x64(_x64(name)):
+        assert _loop_rules(fn, args) <= {("mojo", "lower_scan"), ("mojo", "lower_while")}, \
+            _loop_rules(fn, args)
+        got, expected = compiled[name](*args), jax.jit(fn)(*args)
+    # pow and fmod are libm's in both; the tolerance covers the float32
+    # transcendental helpers of the other outputs.
+    assert_same(got, expected, **({} if _x64(name) else {"rtol": 2e-6, "atol": 1e-6}))
+    for g, e in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(expected)):
+        g, e = juju.to_numpy(g), np.asarray(e)
+        if e.dtype.kind == "f":  # -0.0 where XLA has it (fmod, pow, copies, min/max)
+            zero = (g == 0) & (e == 0)
+            np.testing.assert_array_equal(np.signbit(g[zero]), np.signbit(e[zero]))
+
+
+def test_unwritten_modes_are_refused():
+    """An index mode the generator does not write (ONE_HOT) is refused, so
+    the loop keeps lax's rule, not a wrong kernel."""
+    x, idx = Array("x", (4,), np.dtype(np.float32)), Array("i", (2, 1), np.dtype(np.int32))
+    out = Array("r", (2,), np.dtype(np.float32))
+    common = {"indices_are_sorted": False, "unique_indices": False,
+              "mode": lax.GatherScatterMode.ONE_HOT}
+    gather = dict(dimension_numbers=GDN(offset_dims=(), collapsed_slice_dims=(0,),
+                                        start_index_map=(0,)),
+                  slice_sizes=(1,), fill_value=None, **common)
+    scatter = dict(dimension_numbers=SDN(update_window_dims=(), inserted_window_dims=(0,),
+                                         scatter_dims_to_operand_dims=(0,)),
+                   update_jaxpr=None, update_consts=(), **common)
+    with pytest.raises(Unsupported, match="ONE_HOT"):
+        Emitter().equation(P.gather_p, [x, idx], [out], gather)
+    with pytest.raises(Unsupported, match="ONE_HOT"):
+        Emitter().equation(P.scatter_p, [x, idx, out], [x], scatter)
