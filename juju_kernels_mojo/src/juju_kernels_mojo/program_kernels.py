@@ -106,6 +106,8 @@ def _island(jaxpr, start: int, stop: int) -> list | None:
     if draft is None:
         return None
     if not loop_rules.within_limits(draft):
+        if not islands_enabled():  # halves of a program are islands too
+            return None
         middle = (start + stop) // 2
         halves = _island(jaxpr, start, middle), _island(jaxpr, middle, stop)
         if halves == (None, None):
