@@ -51,6 +51,7 @@ def load_all() -> dict[str, Program]:
         flax_programs,
         haiku_programs,
         loop_programs,
+        more_library_programs,
         optax_programs,
         sampling_programs,
         scipy_programs,
