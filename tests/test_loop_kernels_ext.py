@@ -20,6 +20,7 @@ from juju import primitives as P
 from juju_kernels_mojo.loop_codegen import Emitter, Unsupported
 from juju_kernels_mojo.loop_mojo import Array
 
+from tests.test_loop_kernels import _generated_loops, _x64
 from tests.util import assert_same
 
 rng = np.random.default_rng(45)
@@ -225,15 +226,6 @@ CASES = {
 }
 
 
-def _x64(name):
-    return name.startswith("float64")
-
-
-def _loop_rules(fn, args) -> set:
-    return {(c.pack, c.rule) for c in juju.explain(fn, *args)
-            if c.primitive in ("scan", "while")}
-
-
 @pytest.fixture(scope="module")
 def compiled():
     lowered = {}
@@ -247,8 +239,8 @@ def compiled():
 def test_matches_jax(compiled, name):
     fn, args = CASES[name]
     with jax.enable_x64(_x64(name)):
-        assert _loop_rules(fn, args) <= {("mojo", "lower_scan"), ("mojo", "lower_while")}, \
-            _loop_rules(fn, args)
+        assert _generated_loops(fn, args) <= {("mojo", "lower_scan"), ("mojo", "lower_while")}, \
+            _generated_loops(fn, args)
         got, expected = compiled[name](*args), jax.jit(fn)(*args)
     # pow and fmod are libm's in both; the tolerance covers the float32
     # transcendental helpers of the other outputs.

@@ -10,6 +10,7 @@ from max.dtype import DType
 
 from juju._compat import physical_aval as _physical_aval
 from juju.buffers import complex_from_parts, complex_parts  # noqa: F401  (re-exported)
+from juju.buffers import numpy_dtype_of
 from juju.errors import UnsupportedDtypeError
 
 _NUMPY_TO_MAX = {
@@ -32,7 +33,6 @@ _NUMPY_TO_MAX = {
     np.dtype(ml_dtypes.float8_e5m2fnuz): DType.float8_e5m2fnuz,
 }
 _MAX_TO_NUMPY = {v: k for k, v in _NUMPY_TO_MAX.items()}
-_MAX_TO_NUMPY_BY_NAME = {v.name: k for k, v in _NUMPY_TO_MAX.items()}  # faster hashing
 
 
 def is_float(dtype) -> bool:
@@ -63,10 +63,7 @@ def max_dtype(dtype) -> DType:
 
 def numpy_dtype(dtype: DType) -> np.dtype:
     """The numpy dtype for a MAX DType."""
-    try:
-        return _MAX_TO_NUMPY_BY_NAME[dtype.name]
-    except KeyError:
-        raise UnsupportedDtypeError(f"MAX dtype {dtype} has no numpy equivalent") from None
+    return numpy_dtype_of(dtype.name)
 
 
 def physical_aval(aval):

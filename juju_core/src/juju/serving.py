@@ -27,7 +27,15 @@ from pathlib import Path
 import numpy as np
 
 from juju import artifact, compile_worker
-from juju.buffers import complex_from_parts, complex_parts, host_buffer, to_numpy, unshare
+from juju.buffers import (
+    complex_from_parts,
+    complex_parts,
+    host_buffer,
+    max_driver,
+    numpy_dtype_of,
+    to_numpy,
+    unshare,
+)
 from juju.engine import Engine
 from juju.errors import (
     ArtifactError,
@@ -186,10 +194,8 @@ def _on(buffer, device):
 
 def _to_buffer(value, spec: dict, sizes: dict, where: str):
     """A MAX buffer of one argument, checked against its exported spec."""
-    from max.driver import Buffer
-
     physical = spec["physical"]
-    if isinstance(value, Buffer):
+    if isinstance(value, max_driver().Buffer):
         _check(where, spec, tuple(value.shape), value.dtype.name, sizes, physical)
         return value
     if isinstance(value, (bool, int, float, complex)) and not spec["shape"]:
@@ -251,19 +257,15 @@ def _shape_text(dims) -> str:
 
 
 def _numpy_dtype(name: str, where: str) -> np.dtype:
-    from juju.buffers import numpy_dtype_of
-
     try:
-        return np.dtype(name) if name.startswith("complex") else numpy_dtype_of(name)
+        return numpy_dtype_of(name)
     except UnsupportedDtypeError as exc:
         raise UnsupportedDtypeError(f"{where}: {exc}") from exc
 
 
 def _from_buffer(buffer, spec: dict) -> np.ndarray:
     if not buffer.device.is_host:
-        from max.driver import CPU
-
-        buffer = buffer.to(CPU())
+        buffer = buffer.to(max_driver().CPU())
     array = to_numpy(buffer)
     if spec["kind"] == "complex":
         return complex_from_parts(array, np.dtype(spec["dtype"]))

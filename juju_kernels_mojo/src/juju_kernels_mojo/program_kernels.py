@@ -100,8 +100,7 @@ def _island(jaxpr, start: int, stop: int) -> list | None:
     outputs = list(dict.fromkeys(v for e in run for v in e.outvars if v in used_later))
     if not outputs:
         return None
-    params = {"call_jaxpr": ClosedJaxpr(
-        Jaxpr(constvars=[], invars=inputs, outvars=outputs, eqns=run), [])}
+    params = _params(inputs, outputs, run)
     draft = _draft(params, inputs, outputs)
     if draft is None:
         return None
@@ -115,6 +114,12 @@ def _island(jaxpr, start: int, stop: int) -> list | None:
         return ((halves[0] or jaxpr.eqns[start:middle]) + (halves[1] or jaxpr.eqns[middle:stop]))
     return [jex_core.new_jaxpr_eqn(inputs, outputs, program_p, params, jex_core.no_effects,
                                    run[0].source_info)]
+
+
+def _params(inputs, outputs, eqns) -> dict:
+    """A `mojo_program` equation's params: `eqns` as a program of `inputs`."""
+    return {"call_jaxpr": ClosedJaxpr(
+        Jaxpr(constvars=[], invars=inputs, outvars=outputs, eqns=eqns), [])}
 
 
 def _draft(params, inputs, outputs):
@@ -149,8 +154,7 @@ def _writable(eqn) -> bool:
            if hasattr(v.aval, "shape")):
         return False
     inputs = [v for v in eqn.invars if isinstance(v, Var)]
-    params = {"call_jaxpr": ClosedJaxpr(
-        Jaxpr(constvars=[], invars=inputs, outvars=list(eqn.outvars), eqns=[eqn]), [])}
+    params = _params(inputs, list(eqn.outvars), [eqn])
     try:
         draft = loop_source(program_p, params, [v.aval for v in inputs],
                             [v.aval for v in eqn.outvars], "probe")
