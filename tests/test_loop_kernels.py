@@ -293,19 +293,29 @@ def test_matches_jax(compiled, name):
 
 
 def _primitives(jaxpr, found):
+    """The primitives the generator writes for `jaxpr`: its equations', and
+    those of the decompositions it writes in their place (random_bits)."""
     for eqn in jaxpr.eqns:
         found.add(eqn.primitive)
         for sub in jax.extend.core.jaxprs_in_params(eqn.params):
             _primitives(sub, found)
+        if eqn.primitive not in loop_codegen.EQUATIONS:
+            closed = loop_codegen.Emitter.decomposition(
+                eqn.primitive, [v.aval for v in eqn.invars], [v.aval for v in eqn.outvars],
+                eqn.params)
+            if closed is not None:
+                _primitives(closed.jaxpr, found)
     return found
 
 
 def test_cases_cover_every_supported_equation():
-    """Here or in test_loop_kernels_ext (the indexing and integer equations)."""
+    """Here, in test_loop_kernels_ext (the indexing and integer equations) or
+    in test_loop_kernels_random (PRNG keys and bit operations)."""
     from tests import test_loop_kernels_ext as ext
+    from tests import test_loop_kernels_random as random
 
     found = set()
-    for name, (fn, args) in [*CASES.items(), *ext.CASES.items()]:
+    for name, (fn, args) in [*CASES.items(), *ext.CASES.items(), *random.CASES.items()]:
         with jax.enable_x64(_x64(name)):
             _primitives(jax.make_jaxpr(fn)(*args).jaxpr, found)
     supported = set(loop_codegen.ELEMENTWISE) | set(loop_codegen.EQUATIONS)

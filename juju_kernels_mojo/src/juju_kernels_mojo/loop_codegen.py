@@ -30,7 +30,9 @@ from jax.extend import core as jex_core
 
 from juju import fallback
 from juju import primitives as P
-from juju._compat import call_primitives, open_jaxpr, scan_layout
+from juju._compat import call_primitives, is_key_dtype, key_data_aval, open_jaxpr, scan_layout
+from juju_kernels_mojo import loop_random
+from juju_kernels_mojo.loop_random import KeyArray
 from juju_kernels_mojo.loop_mojo import (
     ELEMENTWISE, FLOAT_ONLY, INTEGER_ONLY, NOT_BOOL, PRELUDE, VECTOR_BYTES, VECTOR_ELEMENTWISE,
     LIBM_EXP_F64,
@@ -85,6 +87,15 @@ class Emitter:
         self.scratch_ids.add((array.ptr, array.offset))
         return array
 
+    def value(self, shape, dtype):
+        """A fresh buffer for a value: an `Array`, or a `KeyArray` for keys."""
+        if is_key_dtype(dtype):
+            return loop_random.scratch_keys(self, shape, dtype)
+        return self.scratch(shape, dtype)
+
+    def like(self, x):
+        return self.value(x.shape, x.dtype)
+
     def decls(self) -> list[str]:
         """The pools' allocation, before the loops."""
         lines = []
@@ -115,6 +126,10 @@ class Emitter:
 
     def copy(self, src, dst: Array, convert=None) -> None:
         """dst = src elementwise (src may be a Const or a same-size Array)."""
+        if isinstance(dst, KeyArray):
+            for s, d in zip(src.words, dst.words, strict=True):
+                self.copy(s, d)
+            return
         if isinstance(src, Array) and (src.ptr, src.offset) == (dst.ptr, dst.offset):
             return
         if dst.size == 0:
@@ -155,13 +170,16 @@ class Emitter:
             for v in (*eqn.invars, *eqn.outvars):
                 self.check_aval(v.aval)
             ins = [read(a) for a in eqn.invars]
-            outs = [self.scratch(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
-            self.equation(eqn.primitive, ins, outs, eqn.params, [v.aval for v in eqn.invars])
+            outs = [self.value(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
+            self.equation(eqn.primitive, ins, outs, eqn.params, [v.aval for v in eqn.invars],
+                          [v.aval for v in eqn.outvars])
             self.work += sum(o.size for o in outs)
             env.update(zip(eqn.outvars, outs))
         return [read(a) for a in jaxpr.outvars]
 
-    def closed_const(self, value) -> Array:
+    def closed_const(self, value):
+        if is_key_dtype(getattr(value, "dtype", None)):
+            return loop_random.const_keys(self, value)
         value = np.asarray(value)
         self.check_aval(value)
         self.consts.append(value)
@@ -172,18 +190,25 @@ class Emitter:
         shape = getattr(aval, "shape", None)
         if shape is None or not all(isinstance(d, (int, np.integer)) for d in shape):
             raise Unsupported(f"a value of type {aval}")
-        mojo_dtype(aval.dtype)
+        if is_key_dtype(aval.dtype):
+            loop_random.key_words(aval.dtype)
+        else:
+            mojo_dtype(aval.dtype)
 
     # -- equations ---------------------------------------------------------------
 
-    def equation(self, prim, ins, outs, params, avals=None) -> None:
+    def equation(self, prim, ins, outs, params, avals=None, out_avals=None) -> None:
+        if prim not in CARRIES_KEYS and loop_random.has_keys((*ins, *outs)):
+            loop_random.keyed_equation(self, prim, ins, outs, params, avals, out_avals)
+            return
         method = EQUATIONS.get(prim)
         if method is None:
             method = Emitter.elementwise if prim in ELEMENTWISE else None
         if method is None and avals is not None:
-            # A primitive with a traceable JAX implementation (equinox's
-            # unvmap_any, nonbatchable, ...): its jaxpr, as juju's fallback does.
-            closed = fallback.implementation(prim, avals, params)
+            # A primitive whose rule is a decomposition (jax.scipy's special
+            # functions, equinox's unvmap_any through juju's fallback, ...):
+            # the same jaxpr, written here.
+            closed = self.decomposition(prim, avals, out_avals, params)
             if closed is not None:
                 outs_of = self.jaxpr(closed, ins)
                 for src, dst in zip(outs_of, outs, strict=True):
@@ -192,6 +217,33 @@ class Emitter:
         if method is None:
             raise Unsupported(f"primitive {prim.name}")
         method(self, prim, ins, outs, **params)
+
+    @staticmethod
+    def decomposition(prim, avals, out_avals, params):
+        """The closed jaxpr that the highest-priority rule for `prim` with a
+        decomposition (`juju.lower_fun`, the core's fallback) would lower, or
+        None. Key arrays are their raw data there."""
+        from types import SimpleNamespace
+
+        from juju.plugins import registry
+
+        if avals is None or out_avals is None:
+            return None
+        ctx = SimpleNamespace(primitive=prim, avals_in=tuple(avals), avals_out=tuple(out_avals),
+                              params=params, device=None, eqn=None)
+        for rule in registry().candidates(prim):
+            decompose = getattr(rule.fn, "decomposition", None)
+            if decompose is None or rule.guard is not None or rule.requires:
+                continue
+            if not rule.accepts((*avals, *out_avals)):
+                continue
+            try:
+                return decompose(ctx)
+            except Exception as why:  # no decomposition for these avals
+                raise Unsupported(f"{prim.name}: {why}") from why
+        # The core's fallback (guarded: it applies where JAX's own
+        # implementation traces), for equinox's unvmap_any, nonbatchable, ...
+        return fallback.implementation(prim, avals, params)
 
     def elementwise(self, prim, ins, outs, **params):
         (out,) = outs
@@ -264,6 +316,10 @@ class Emitter:
             expr = f"min_nan(max_nan({args[1]}, {args[0]}), {args[2]})"
         elif prim is P.convert_element_type_p:
             expr = self.convert(args[0], dt, out.dtype)
+        elif prim is P.bitcast_convert_type_p:
+            if dt.itemsize != out.dtype.itemsize or dt == np.bool_ or out.dtype == np.bool_:
+                raise Unsupported(f"bitcast_convert_type from {dt} to {out.dtype}")
+            expr = f"bitcast[{mojo_dtype(out.dtype)}, 1]({args[0]})"
         elif prim is P.pow_p:  # an integer exponent is converted, as jax's lowering does
             y = args[1] if ins[1].dtype == dt else self.convert(args[1], ins[1].dtype, dt)
             expr = f"float_pow({args[0]}, {y})"
@@ -768,7 +824,7 @@ class Emitter:
         carry, ys = outs[:num_carry], outs[num_carry:]
         for src, dst in zip(init, carry):
             self.copy(src, dst)
-        staged = [self.scratch(c.shape, c.dtype) for c in carry]
+        staged = [self.like(c) for c in carry]
         step = self.fresh("step")
         with self.block(f"for {step} in range({length}):"):
             index = f"{length - 1} - {step}" if reverse else step
@@ -787,7 +843,7 @@ class Emitter:
         init = ins[cond_nconsts + body_nconsts:]
         for src, dst in zip(init, outs):
             self.copy(src, dst)
-        staged = [self.scratch(c.shape, c.dtype) for c in outs]
+        staged = [self.like(c) for c in outs]
         with self.block("while True:"):
             (pred,) = self.jaxpr(cond_jaxpr, [*cond_consts, *outs])
             self.emit(f"if not {pred.at('0')}:")
@@ -800,7 +856,7 @@ class Emitter:
         one that is a carry, an input or a literal goes through `staged`
         (a carry may be overwritten before another reads it)."""
         carried = {(c.ptr, c.offset) for c in carry}
-        computed = [isinstance(v, Array) and (v.ptr, v.offset) in self.scratch_ids
+        computed = [isinstance(v, (Array, KeyArray)) and (v.ptr, v.offset) in self.scratch_ids
                     and (v.ptr, v.offset) not in carried for v in new]
         for src, dst, direct in zip(new, staged, computed):
             if not direct:
@@ -865,7 +921,14 @@ EQUATIONS = {
     **{p: Emitter.reduce for p in (P.reduce_sum_p, P.reduce_prod_p, P.reduce_max_p,
                                    P.reduce_min_p, P.reduce_and_p, P.reduce_or_p)},
     **{p: Emitter.call for p in call_primitives},
+    **loop_random.EQUATIONS,
 }
+
+#: Equations that pass key arrays through as they are (into sub-jaxprs, or
+#: copied whole): they take `KeyArray`s like any value.
+CARRIES_KEYS = {prim for prim, method in EQUATIONS.items()
+                if method in (Emitter.call, Emitter.identity, Emitter.cond, Emitter.scan,
+                              Emitter.while_loop)}
 
 
 @dataclass(frozen=True)
@@ -885,14 +948,30 @@ def loop_source(prim, params, in_avals, out_avals, name: str) -> LoopKernel:
     Every operand and result is passed flat (rank 1). Raises `Unsupported`.
     """
     e = Emitter()
-    for a in (*in_avals, *out_avals):  # first: a PRNG key has no numpy dtype
+    for a in (*in_avals, *out_avals):
         e.check_aval(a)
-    ins = [Array(f"a{i}", tuple(a.shape), np.dtype(a.dtype)) for i, a in enumerate(in_avals)]
-    outs = [Array(f"r{i}", tuple(a.shape), np.dtype(a.dtype)) for i, a in enumerate(out_avals)]
+    # Key arrays come and go as their raw data (uint32[..., 2]): converted
+    # to and from their words here.
+    in_data = [key_data_aval(a) for a in in_avals]
+    out_data = [key_data_aval(a) for a in out_avals]
+    ins = []
+    for i, (a, d) in enumerate(zip(in_avals, in_data)):
+        data = Array(f"a{i}", tuple(d.shape), np.dtype(d.dtype))
+        if is_key_dtype(a.dtype):
+            keys = e.value(a.shape, a.dtype)
+            loop_random.deinterleave(e, data, keys)
+            data = keys
+        ins.append(data)
+    results = [Array(f"r{i}", tuple(d.shape), np.dtype(d.dtype)) for i, d in enumerate(out_data)]
+    outs = [e.value(a.shape, a.dtype) if is_key_dtype(a.dtype) else r
+            for a, r in zip(out_avals, results)]
     e.equation(prim, ins, outs, params)
+    for out, result in zip(outs, results):
+        if out is not result:
+            loop_random.interleave(e, out, result)
     args = [f"        o{i}: OutputTensor[dtype={mojo_dtype(a.dtype)}, rank=1, ...],"
-            for i, a in enumerate(out_avals)]
-    inputs = [*in_avals, *e.consts]
+            for i, a in enumerate(out_data)]
+    inputs = [*in_data, *e.consts]
     args += [f"        i{i}: InputTensor[dtype={mojo_dtype(a.dtype)}, rank=1, ...],"
              for i, a in enumerate(inputs)]
     pointers = [f"var r{i} = o{i}.unsafe_ptr()" for i in range(len(out_avals))]
@@ -901,6 +980,7 @@ def loop_source(prim, params, in_avals, out_avals, name: str) -> LoopKernel:
     indent = "        "
     source = "\n".join([
         PRELUDE,
+        loop_random.PRELUDE,
         "",
         f'@register("{name}")',
         f"struct Loop_{name}:",

@@ -19,6 +19,8 @@ SUPPORTED_DTYPES = {
     np.dtype(np.float32): "float32", np.dtype(np.float64): "float64",
     np.dtype(np.int32): "int32", np.dtype(np.int64): "int64",
     np.dtype(np.uint32): "uint32", np.dtype(np.bool_): "bool",
+    np.dtype(np.int8): "int8", np.dtype(np.int16): "int16", np.dtype(np.uint8): "uint8",
+    np.dtype(np.uint16): "uint16", np.dtype(np.uint64): "uint64",
 }
 
 
@@ -161,6 +163,8 @@ def unary_expression(prim):
         P.is_finite_p: lambda dt, x: f"not (isnan({x}) or isinf({x}))",
         P.not_p: lambda dt, x: f"~{x}",
         P.square_p: lambda dt, x: f"{x} * {x}",
+        P.population_count_p: lambda dt, x: f"pop_count({x})",
+        P.clz_p: lambda dt, x: f"count_leading_zeros({x})",
     }.get(prim)
 
 
@@ -185,13 +189,18 @@ def binary_expression(prim):
         P.gt_p: lambda dt, a, b: f"{a} > {b}",
         P.ge_p: lambda dt, a, b: f"{a} >= {b}",
         P.atan2_p: lambda dt, a, b: f"atan2({a}, {b})",
+        P.shift_left_p: lambda dt, a, b: f"shift_left({a}, {b})",
+        P.shift_right_logical_p: lambda dt, a, b: f"shift_right_logical({a}, {b})",
+        P.shift_right_arithmetic_p: lambda dt, a, b: f"shift_right_arithmetic({a}, {b})",
     }.get(prim)
 
 
 FLOAT_ONLY = {P.exp_p, P.log_p, P.tanh_p, P.sin_p, P.cos_p, P.sqrt_p, P.log1p_p, P.expm1_p,
               P.exp2_p, P.erf_p, P.floor_p, P.ceil_p, P.rsqrt_p, P.logistic_p, P.is_finite_p,
               P.atan2_p, P.pow_p}
-INTEGER_ONLY = {P.not_p, P.and_p, P.or_p, P.xor_p}
+SHIFTS = {P.shift_left_p, P.shift_right_logical_p, P.shift_right_arithmetic_p}
+BIT_COUNTS = {P.population_count_p, P.clz_p}
+INTEGER_ONLY = {P.not_p, P.and_p, P.or_p, P.xor_p, *SHIFTS, *BIT_COUNTS}
 NOT_BOOL = {P.div_p, P.rem_p}
 
 PRELUDE = '''\
@@ -200,6 +209,9 @@ from std.ffi import external_call
 from max.gpu.host import DeviceContext
 from std.math import (atan2, ceil, copysign, cos, erf, exp, expm1, floor, isinf, isnan, log,
                       log1p, sin, sqrt, tanh)
+from std.bit import count_leading_zeros, pop_count
+from std.memory import bitcast
+from std.sys import bit_width_of
 from std.utils.numerics import FlushDenormals, inf, max_finite, min_finite, nan
 
 
@@ -304,6 +316,42 @@ def float_to_int[src: DType, dst: DType](x: Scalar[src]) -> Scalar[dst]:
     if x >= max_finite[dst]().cast[src]():
         return max_finite[dst]()
     return x.cast[dst]()
+
+
+# XLA's shifts: an amount outside [0, bit width) gives 0 (left, logical) or
+# the sign fill (arithmetic, which reads an unsigned top bit as the sign).
+@always_inline
+def shift_left[dt: DType](a: Scalar[dt], b: Scalar[dt]) -> Scalar[dt]:
+    comptime top = Scalar[dt](bit_width_of[dt]() - 1)
+    if b < 0 or b > top:
+        return 0
+    return a << b
+
+
+@always_inline
+def shift_right_logical[dt: DType](a: Scalar[dt], b: Scalar[dt]) -> Scalar[dt]:
+    comptime top = Scalar[dt](bit_width_of[dt]() - 1)
+    if b < 0 or b > top:
+        return 0
+    comptime if dt.is_signed():
+        # `>>` is arithmetic on signed types: clear the top b bits.
+        return (a >> b) & ~((Scalar[dt](-1) << (top - b)) << 1)
+    else:
+        return a >> b
+
+
+@always_inline
+def shift_right_arithmetic[dt: DType](a: Scalar[dt], b: Scalar[dt]) -> Scalar[dt]:
+    comptime top = Scalar[dt](bit_width_of[dt]() - 1)
+    comptime if dt.is_signed():
+        if b < 0 or b > top:
+            return a >> top
+        return a >> b
+    else:
+        var fill = Scalar[dt](0) - (a >> top)
+        if b > top:
+            return fill
+        return (a >> b) | ((fill << (top - b)) << 1)
 '''
 
 
@@ -322,5 +370,5 @@ ELEMENTWISE = {
     P.is_finite_p, P.not_p, P.square_p, P.add_p, P.sub_p, P.mul_p, P.div_p, P.max_p, P.min_p,
     P.and_p, P.or_p, P.xor_p, P.eq_p, P.ne_p, P.lt_p, P.le_p, P.gt_p, P.ge_p, P.atan2_p,
     P.integer_pow_p, P.select_n_p, P.clamp_p, P.convert_element_type_p, P.add_jaxvals_p,
-    P.rem_p, P.pow_p,
+    P.rem_p, P.pow_p, *SHIFTS, *BIT_COUNTS, P.bitcast_convert_type_p,
 }

@@ -31,13 +31,16 @@ from max.graph import TensorType, ops
 import juju
 from juju import CompileError
 from juju import primitives as P
+from juju.dtypes import physical_aval
 from juju.lowering_helpers import load_kernel_library
 from juju_kernels_mojo.build import build_kernel_library
 from juju_kernels_mojo.loop_codegen import LoopKernel, loop_source
-from juju_kernels_mojo.loop_mojo import SUPPORTED_DTYPES, Unsupported
+from juju_kernels_mojo.loop_mojo import Unsupported
 
 log = logging.getLogger("juju")
-rules = juju.RuleSet(dtypes=tuple(SUPPORTED_DTYPES))
+# Every dtype reaches the guard, which refuses what the generator does not
+# write (SUPPORTED_DTYPES, and PRNG keys as their words).
+rules = juju.RuleSet(dtypes=juju.ALL_DTYPES)
 
 #: Most element operations per outermost iteration a generated loop takes.
 MAX_WORK = 1 << 16
@@ -120,16 +123,22 @@ def _flat(x, aval):
     return ops.reshape(x, [math.prod(aval.shape)])
 
 
+def _data(avals):
+    """The avals as the graph carries them (a key array as its raw data)."""
+    return [physical_aval(a) for a in avals]
+
+
 def lower_generated(ctx, args):
     """The custom op of ctx's generated kernel (its guard, `generated`, passed)."""
     kernel, library = _kernel_for(ctx)
     load_kernel_library(library)
-    operands = [_flat(x, a) for x, a in zip(args, ctx.avals_in)]
+    operands = [_flat(x, a) for x, a in zip(args, _data(ctx.avals_in))]
     operands += [ctx.constant(c.reshape(-1), c.dtype) for c in kernel.consts]
+    results = _data(ctx.avals_out)
     out_types = [TensorType(ctx.max_dtype(a.dtype), [math.prod(a.shape)], device=ctx.device)
-                 for a in ctx.avals_out]
+                 for a in results]
     outs = ops.custom(kernel.name, ctx.device, operands, out_types)
-    return [ops.reshape(o, list(a.shape)) for o, a in zip(outs, ctx.avals_out)]
+    return [ops.reshape(o, list(a.shape)) for o, a in zip(outs, results)]
 
 
 def register_kernel_rule(primitive):

@@ -41,7 +41,7 @@ program_p.multiple_results = True
 # The generator writes a program as it writes the body of a call.
 loop_codegen.EQUATIONS[program_p] = Emitter.call
 
-rules = juju.RuleSet()
+rules = juju.RuleSet(dtypes=juju.ALL_DTYPES)  # its equations' rules choose
 
 
 @rules.register(program_p)
