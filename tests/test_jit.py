@@ -195,6 +195,53 @@ def test_outputs_feed_back_as_inputs():
     assert_same(again, jax.jit(chain)(jax.jit(chain)(M, M), M))
 
 
+def test_jax_arrays_passed_again_reuse_their_buffers():
+    """A jax array's MAX buffer is made once and reused while the array
+    lives (juju.arguments): feeding coerced results back for several steps,
+    and passing the same weights each call, give jax.jit's values; the
+    buffers are forgotten with their arrays; a deleted array raises as in
+    jax."""
+    import gc
+
+    from juju import arguments
+
+    x, y = jnp.asarray(X3), jnp.asarray(X3 * 0.5)
+    expected_x, expected_y = x, y
+    for _ in range(4):  # results fed back: their buffers are the MAX results
+        x = mixed_jit(x, y)
+        expected_x = jax.jit(mixed)(expected_x, expected_y)
+        assert isinstance(x, jax.Array)
+        assert_same(x, expected_x)
+        assert_same(mixed_jit(y, y), jax.jit(mixed)(y, y))  # y converted once
+
+    before = len(arguments._buffers)
+    for k in range(50):
+        mixed_jit(jnp.full(3, float(k)), y)
+    gc.collect()
+    assert len(arguments._buffers) <= before + 2  # the 50 temporaries are gone
+
+    doomed = jnp.asarray(X3 * 3)
+    assert_same(mixed_jit(doomed, y), jax.jit(mixed)(X3 * 3, y))
+    doomed.delete()
+    with pytest.raises(RuntimeError, match="deleted"):
+        mixed_jit(doomed, y)
+
+
+def test_results_do_not_share_memory_with_reused_inputs():
+    """An output MAX returns in an input's memory is copied, also when the
+    input's buffer is one juju keeps for a jax array or made as a result."""
+    identity = juju.jit(lambda a, b: (a, b.reshape(-1), a * 1.0), coerces_to_jnp=True)
+    a = jnp.asarray(M)
+    first = identity(a, a)
+    second = identity(first[0], first[2])
+    for out in (*first, *second):
+        np.testing.assert_array_equal(np.asarray(out).reshape(M.shape), M)
+    host = juju.to_numpy(juju.jit(lambda a: a)(a))
+    host[:] = 0  # a caller writing into a result must not change `a`
+    np.testing.assert_array_equal(np.asarray(a), M)
+    assert_same(identity(a, a), jax.jit(lambda a, b: (a, b.reshape(-1), a * 1.0))(M, M))
+
+
 def test_cache_hit_does_not_retrace_and_new_signatures_recompile():
     calls = []
 

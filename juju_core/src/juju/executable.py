@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 from jax import tree_util
 
+from juju._compat import wrap_key_data
 from juju.arguments import to_buffer, to_jax, to_jax_all, to_numpy
 from juju.buffers import unshare
 from juju.dtypes import complex_from_parts
@@ -37,7 +38,7 @@ class Executable:
             outs = to_jax_all(outs)
         for i, impl in self.out_key_impls:
             data = outs[i] if self.coerces_to_jnp else to_jax(outs[i])  # already jax
-            outs[i] = jax.random.wrap_key_data(data, impl=impl)
+            outs[i] = wrap_key_data(data, impl)
         for i, dtype in self.out_complex:
             outs[i] = jax.numpy.asarray(complex_from_parts(to_numpy(outs[i]), dtype))
         return tree_util.tree_unflatten(self.out_tree, outs)

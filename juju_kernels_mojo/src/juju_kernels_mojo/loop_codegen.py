@@ -198,7 +198,7 @@ class Emitter:
     # -- equations ---------------------------------------------------------------
 
     def equation(self, prim, ins, outs, params, avals=None, out_avals=None) -> None:
-        if prim not in CARRIES_KEYS and loop_random.has_keys((*ins, *outs)):
+        if EQUATIONS.get(prim) not in KEY_CARRIERS and loop_random.has_keys((*ins, *outs)):
             loop_random.keyed_equation(self, prim, ins, outs, params, avals, out_avals)
             return
         method = EQUATIONS.get(prim)
@@ -925,10 +925,8 @@ EQUATIONS = {
 }
 
 #: Equations that pass key arrays through as they are (into sub-jaxprs, or
-#: copied whole): they take `KeyArray`s like any value.
-CARRIES_KEYS = {prim for prim, method in EQUATIONS.items()
-                if method in (Emitter.call, Emitter.identity, Emitter.cond, Emitter.scan,
-                              Emitter.while_loop)}
+#: copied whole) take `KeyArray`s like any value.
+KEY_CARRIERS = (Emitter.call, Emitter.identity, Emitter.cond, Emitter.scan, Emitter.while_loop)
 
 
 @dataclass(frozen=True)
