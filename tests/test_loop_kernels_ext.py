@@ -1,7 +1,8 @@
 """Loop kernels for the equations of diffrax's and equinox's loops (issue 45),
 against jax.jit: integer div and rem, float rem and pow, gather and scatter
 in every index mode (out-of-bounds indices clamped, filled or dropped as XLA
-does), argmax/argmin and lax.reduce, stack, unstack, split and pad.
+does), argmax/argmin and lax.reduce, stack, unstack, split and pad, window
+and cumulative reductions.
 
 Each case is a scan or while_loop checked to run as a generated kernel (not
 lax's loop), on edge values: negative and zero divisors, INT_MIN / -1, NaN,
@@ -209,7 +210,38 @@ def pads_and_stacks(x, p):
     return lax.scan(step, jnp.float32(0.5), (x, p))
 
 
+def windows(x, n):
+    """lax.reduce_window sum/max/min with padding (as cumsum's lowering
+    writes it), strides, window and base dilation, negative padding; NaN,
+    -0.0 and ints; cumsum/cumprod/cummax/cummin along either axis, both
+    directions."""
+    def step(c, v):
+        a, k = v
+        outs = (lax.reduce_window(a, 0.0, lax.add, (1, 3), (1, 1), ((0, 0), (2, 0))),
+                lax.reduce_window(a, -jnp.inf, lax.max, (2, 2), (1, 2), "SAME"),
+                lax.reduce_window(a, jnp.inf, lax.min, (2, 3), (2, 1), ((1, 0), (0, -1)),
+                                  window_dilation=(1, 2)),
+                lax.reduce_window(a, 0.0, lax.add, (2, 2), (1, 1), ((1, 1), (0, 1)),
+                                  base_dilation=(2, 1)),
+                lax.reduce_window(k, 0, lax.add, (3, 1), (1, 1), "VALID"),
+                lax.reduce_window(k, jnp.iinfo(jnp.int32).min, lax.max, (1, 4), (1, 3), "SAME"),
+                jnp.cumsum(a, axis=1), jnp.cumsum(a, axis=0), lax.cumsum(a, axis=1, reverse=True),
+                lax.cumprod(a * 0.5, axis=0, reverse=True), lax.cummax(a, axis=1),
+                lax.cummin(a, axis=0), jnp.cumsum(k, axis=1), lax.cummax(k, axis=0, reverse=True))
+        return c + outs[0][0, 0], outs
+    return lax.scan(step, jnp.float32(0), (x, n))
+
+
+def _window_rows():
+    x = normal(2, 4, 6)
+    x[0, 1, 2], x[0, 2, 4], x[1, 0, 0] = np.nan, -0.0, 0.0
+    x[1, 3] = [-np.inf, 1.0, np.inf, 2.0, -0.0, 0.0]
+    n = rng.integers(-5, 6, size=(2, 4, 6)).astype(np.int32)
+    return x, n
+
+
 CASES = {
+    "windows": (windows, _window_rows()),
     "integer_division": (integer_division, (
         np.array([7, -7, 7, -7, 0, 5, INT_MIN, INT_MIN, INT_MAX, 3, -3, 9, INT_MIN, -1], np.int32),
         np.array([2, 2, -2, -2, 3, 0, -1, 2, -1, 0, 7, -4, INT_MIN, INT_MIN], np.int32),

@@ -31,7 +31,7 @@ from jax.extend import core as jex_core
 from juju import fallback
 from juju import primitives as P
 from juju._compat import call_primitives, is_key_dtype, key_data_aval, open_jaxpr, scan_layout
-from juju_kernels_mojo import loop_random
+from juju_kernels_mojo import loop_random, loop_windows
 from juju_kernels_mojo.loop_random import KeyArray
 from juju_kernels_mojo.loop_mojo import (
     ELEMENTWISE, FLOAT_ONLY, INTEGER_ONLY, NOT_BOOL, PRELUDE, VECTOR_BYTES, VECTOR_ELEMENTWISE,
@@ -922,6 +922,7 @@ EQUATIONS = {
                                    P.reduce_min_p, P.reduce_and_p, P.reduce_or_p)},
     **{p: Emitter.call for p in call_primitives},
     **loop_random.EQUATIONS,
+    **loop_windows.EQUATIONS,
 }
 
 #: Equations that pass key arrays through as they are (into sub-jaxprs, or

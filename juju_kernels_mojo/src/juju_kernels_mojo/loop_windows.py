@@ -1,0 +1,129 @@
+"""Window reductions and cumulative reductions in generated loop kernels:
+lax.reduce_window_{sum,max,min} (padding, strides, base and window
+dilation, as XLA) and cumsum/cumprod/cummax/cummin (one pass along the
+axis). distrax's coupling flows and rlax's returns are made of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from juju import primitives as P
+from juju_kernels_mojo.loop_mojo import Unsupported, index_expr, literal
+from juju_kernels_mojo.loop_mojo import strides as row_major
+
+#: (how two values combine, the identity: a number, or "low"/"high" for the
+#: dtype's lowest/highest value).
+_COMBINE = {
+    P.reduce_window_sum_p: ("{a} + {b}", 0), P.cumsum_p: ("{a} + {b}", 0),
+    P.cumprod_p: ("{a} * {b}", 1),
+    P.reduce_window_max_p: ("max_nan({a}, {b})", "low"), P.cummax_p: ("max_nan({a}, {b})", "low"),
+    P.reduce_window_min_p: ("min_nan({a}, {b})", "high"), P.cummin_p: ("min_nan({a}, {b})", "high"),
+}
+
+
+def _identity(init, dtype) -> str:
+    if not isinstance(init, str):
+        return literal(init, dtype)
+    if dtype.kind == "f":
+        return literal(-np.inf if init == "low" else np.inf, dtype)
+    if dtype == np.bool_:
+        return literal(init == "high", dtype)
+    info = np.iinfo(dtype)
+    return literal(info.min if init == "low" else info.max, dtype)
+
+
+def _combine(prim, dtype):
+    combine, init = _COMBINE[prim]
+    if dtype == np.bool_ and "max_nan" not in combine and "min_nan" not in combine:
+        raise Unsupported(f"{prim.name} of bool")
+    return combine, _identity(init, dtype)
+
+
+def reduce_window(emitter, prim, ins, outs, *, window_dimensions, window_strides, padding,
+                  base_dilation, window_dilation) -> None:
+    """out[o] = the combination of the window at o (positions in the padded,
+    base-dilated operand; padding and holes hold the identity)."""
+    (operand,), (out,) = ins, outs
+    combine, identity = _combine(prim, operand.dtype)
+    src, dst = row_major(operand.shape), row_major(out.shape)
+    if not out.size:
+        return
+
+    def body(idx):
+        acc = emitter.fresh("acc")
+        emitter.emit(f"var {acc} = {identity}")
+
+        def inner(widx):
+            conditions, terms = [], []
+            for d, dim in enumerate(operand.shape):
+                stride, dilation, base = window_strides[d], window_dilation[d], base_dilation[d]
+                low = padding[d][0]
+                position = _affine([(idx[d], stride), (widx[d], dilation)], -low)
+                last = (out.shape[d] - 1) * stride + (window_dimensions[d] - 1) * dilation - low
+                coordinate = position
+                if base != 1:
+                    conditions.append(f"({position}) % {base} == 0")
+                    coordinate = f"(({position}) // {base})"
+                if -low < 0 or base != 1:
+                    conditions.insert(0, f"{position} >= 0")
+                if last > (dim - 1) * base:
+                    conditions.append(f"{coordinate} < {dim}")
+                terms.append(f"{coordinate} * {src[d]}" if src[d] != 1 else coordinate)
+            at = " + ".join(terms) or "0"
+            value = operand.at(f"({at})")
+            guard = emitter.block(f"if {' and '.join(conditions)}:") if conditions \
+                else contextlib.nullcontext()
+            with guard:
+                emitter.emit(f"{acc} = {combine.format(a=acc, b=value)}")
+
+        emitter.nest(window_dimensions, inner)
+        emitter.emit(f"{out.at(index_expr(idx, dst))} = {acc}")
+
+    emitter.nest(out.shape, body)
+    emitter.work += out.size * int(np.prod(window_dimensions))
+
+
+def _affine(terms, constant: int) -> str:
+    """sum(name * factor) + constant, as a Mojo expression over loop indices."""
+    parts = [n if f == 1 else f"{n} * {f}" for n, f in terms if n != "0" and f != 0]
+    if constant or not parts:
+        parts.append(str(constant))
+    return "(" + " + ".join(parts) + ")"
+
+
+def cumulative(emitter, prim, ins, outs, *, axis, reverse) -> None:
+    """out[..., i, ...] = combine(out[..., i -+ 1, ...], x[..., i, ...])."""
+    (operand,), (out,) = ins, outs
+    combine, _ = _combine(prim, operand.dtype)
+    shape = operand.shape
+    if not out.size:
+        return
+    st = row_major(shape)
+    outer = [d if a != axis else 1 for a, d in enumerate(shape)]
+    n, step = shape[axis], st[axis]
+
+    def body(idx):
+        base = index_expr(idx, st)
+        first = f"{base} + {(n - 1) * step}" if reverse else base
+        emitter.emit(f"{out.at(first)} = {operand.at(first)}")
+        if n == 1:
+            return
+        k = emitter.fresh("c")
+        with emitter.block(f"for {k} in range(1, {n}):"):
+            position = f"({n - 1} - {k})" if reverse else k
+            here = f"{base} + {position} * {step}" if step != 1 else f"{base} + {position}"
+            before = f"{base} + ({position} {'+' if reverse else '-'} 1) * {step}"
+            value = combine.format(a=out.at(before), b=operand.at(here))
+            emitter.emit(f"{out.at(here)} = {value}")
+
+    emitter.nest(outer, body)
+
+
+EQUATIONS = {
+    **{p: reduce_window for p in (P.reduce_window_sum_p, P.reduce_window_max_p,
+                                  P.reduce_window_min_p)},
+    **{p: cumulative for p in (P.cumsum_p, P.cumprod_p, P.cummax_p, P.cummin_p)},
+}
