@@ -2,7 +2,7 @@
 against jax.jit: integer div and rem, float rem and pow, gather and scatter
 in every index mode (out-of-bounds indices clamped, filled or dropped as XLA
 does), argmax/argmin and lax.reduce, stack, unstack, split and pad, window
-and cumulative reductions.
+and cumulative reductions, rounding and platform_dependent.
 
 Each case is a scan or while_loop checked to run as a generated kernel (not
 lax's loop), on edge values: negative and zero divisors, INT_MIN / -1, NaN,
@@ -232,6 +232,24 @@ def windows(x, n):
     return lax.scan(step, jnp.float32(0), (x, n))
 
 
+def rounding(x):
+    """lax.round half away from zero and half to even on halves, near-halves,
+    -0.0, NaN, +-inf and large values; lax.platform_dependent (the CPU's
+    branch), as jax.scipy's solvers write it."""
+    def step(c, a):
+        outs = (lax.round(a), lax.round(a, lax.RoundingMethod.TO_NEAREST_EVEN), jnp.round(a),
+                jnp.round(a * 10, 1),
+                lax.platform_dependent(a, cpu=lambda v: v * 2, default=lambda v: v - 1),
+                lax.platform_dependent(a, tpu=lambda v: v * 3, default=lambda v: v + c))
+        return c + 1, outs
+    return lax.scan(step, jnp.float32(0), x)
+
+
+ROUNDING = np.array([[0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, -0.49999997],
+                     [-0.3, 0.3, -0.0, 0.0, np.nan, np.inf, -np.inf, 8388609.0],
+                     [3.5e9, -7.5, 7.5, 1e-30, -1e-30, 2.4999998, 101.5, -1e38]], np.float32)
+
+
 def _window_rows():
     x = normal(2, 4, 6)
     x[0, 1, 2], x[0, 2, 4], x[1, 0, 0] = np.nan, -0.0, 0.0
@@ -242,6 +260,7 @@ def _window_rows():
 
 CASES = {
     "windows": (windows, _window_rows()),
+    "rounding": (rounding, (ROUNDING,)),
     "integer_division": (integer_division, (
         np.array([7, -7, 7, -7, 0, 5, INT_MIN, INT_MIN, INT_MAX, 3, -3, 9, INT_MIN, -1], np.int32),
         np.array([2, 2, -2, -2, 3, 0, -1, 2, -1, 0, 7, -4, INT_MIN, INT_MIN], np.int32),

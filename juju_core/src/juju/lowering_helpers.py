@@ -210,3 +210,23 @@ def load_kernel_library(path) -> None:
     graph = Graph.current
     if Path(path) not in graph.kernel_libraries_paths:
         graph._import_kernels([Path(path)])  # MAX-private in 26.7: the constructor's own step
+
+
+def platform_branch(platforms, on_cpu: bool) -> int:
+    """The branch of `lax.platform_dependent` (a `platform_index`'s
+    `platforms`: one tuple of platform names per branch, None for the
+    default) that XLA would run on the same kind of device ('cpu' on the
+    CPU), else the default branch."""
+    mine = ("cpu",) if on_cpu else ()
+    default = None
+    for i, names in enumerate(platforms):
+        if names is None:
+            default = i
+        elif any(name in mine for name in names):
+            return i
+    if default is None:
+        raise NotImplementedError(
+            f"platform_dependent: no branch for {mine or 'this device'} among {platforms}"
+        )
+    return default
+

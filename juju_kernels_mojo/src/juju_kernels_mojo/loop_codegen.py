@@ -26,9 +26,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from jax import lax
 from jax.extend import core as jex_core
 
 from juju import fallback
+from juju.lowering_helpers import platform_branch
 from juju import primitives as P
 from juju._compat import call_primitives, is_key_dtype, key_data_aval, open_jaxpr, scan_layout
 from juju_kernels_mojo import loop_random, loop_windows
@@ -316,6 +318,9 @@ class Emitter:
             expr = f"min_nan(max_nan({args[1]}, {args[0]}), {args[2]})"
         elif prim is P.convert_element_type_p:
             expr = self.convert(args[0], dt, out.dtype)
+        elif prim is P.round_p:
+            even = int(params["rounding_method"]) == int(lax.RoundingMethod.TO_NEAREST_EVEN)
+            expr = f"round_{'even' if even else 'away'}({args[0]})"
         elif prim is P.bitcast_convert_type_p:
             if dt.itemsize != out.dtype.itemsize or dt == np.bool_ or out.dtype == np.bool_:
                 raise Unsupported(f"bitcast_convert_type from {dt} to {out.dtype}")
@@ -788,6 +793,9 @@ class Emitter:
         self.nest(contract, inner)
         self.emit(f"{out.at(index_expr(idx, row_major(out.shape)))} = {acc}")
 
+    def platform_index(self, prim, ins, outs, *, platforms):
+        self.fill(outs[0], literal(platform_branch(platforms, on_cpu=True), outs[0].dtype))
+
     def call(self, prim, ins, outs, **params):
         jaxpr = params.get("jaxpr", params.get("call_jaxpr"))
         for src, dst in zip(self.jaxpr(jaxpr, ins), outs, strict=True):
@@ -800,9 +808,13 @@ class Emitter:
     # -- control flow ------------------------------------------------------------
 
     def cond(self, prim, ins, outs, *, branches, **params):
-        if params.get("branches_platforms") is not None:
-            raise Unsupported("platform_dependent")
         index, operands = ins[0], ins[1:]
+        platforms = params.get("branches_platforms")
+        if platforms is not None:  # lax.platform_dependent: the CPU's branch alone
+            branch = branches[platform_branch(platforms, on_cpu=True)]
+            for src, dst in zip(self.jaxpr(branch, operands), outs, strict=True):
+                self.copy(src, dst)
+            return
         which = self.fresh("w")
         self.emit(f"var {which} = Int({index.at('0')})")
         for k, branch in enumerate(branches):
@@ -908,6 +920,7 @@ EQUATIONS = {
     **{p: Emitter.scatter for p in (P.scatter_p, P.scatter_add_p, P.scatter_mul_p,
                                     P.scatter_min_p, P.scatter_max_p)},
     P.iota_p: Emitter.iota,
+    P.platform_index_p: Emitter.platform_index,
     P.dot_general_p: Emitter.dot_general,
     P.cond_p: Emitter.cond,
     P.scan_p: Emitter.scan,

@@ -197,7 +197,7 @@ def binary_expression(prim):
 
 FLOAT_ONLY = {P.exp_p, P.log_p, P.tanh_p, P.sin_p, P.cos_p, P.sqrt_p, P.log1p_p, P.expm1_p,
               P.exp2_p, P.erf_p, P.floor_p, P.ceil_p, P.rsqrt_p, P.logistic_p, P.is_finite_p,
-              P.atan2_p, P.pow_p}
+              P.atan2_p, P.pow_p, P.round_p}
 SHIFTS = {P.shift_left_p, P.shift_right_logical_p, P.shift_right_arithmetic_p}
 BIT_COUNTS = {P.population_count_p, P.clz_p}
 INTEGER_ONLY = {P.not_p, P.and_p, P.or_p, P.xor_p, *SHIFTS, *BIT_COUNTS}
@@ -208,7 +208,7 @@ from extensibility import register, InputTensor, OutputTensor
 from std.ffi import external_call
 from max.gpu.host import DeviceContext
 from std.math import (atan2, ceil, copysign, cos, erf, exp, expm1, floor, isinf, isnan, log,
-                      log1p, sin, sqrt, tanh)
+                      log1p, sin, sqrt, tanh, trunc)
 from std.bit import count_leading_zeros, pop_count
 from std.memory import bitcast
 from std.sys import bit_width_of
@@ -318,6 +318,29 @@ def float_to_int[src: DType, dst: DType](x: Scalar[src]) -> Scalar[dst]:
     return x.cast[dst]()
 
 
+# lax.round: halves away from zero, or to even; the sign of zero kept.
+@always_inline
+def round_away[dt: DType](x: Scalar[dt]) -> Scalar[dt]:
+    if isnan(x) or isinf(x):
+        return x
+    var t = trunc(x)
+    if abs(x - t) >= 0.5:  # x - t is exact
+        t += copysign(Scalar[dt](1), x)
+    return copysign(t, x)
+
+
+@always_inline
+def round_even[dt: DType](x: Scalar[dt]) -> Scalar[dt]:
+    if isnan(x) or isinf(x):
+        return x
+    var f = floor(x)
+    var d = x - f
+    var r = f
+    if d > 0.5 or (d == 0.5 and f * 0.5 != floor(f * 0.5)):
+        r = f + 1
+    return copysign(r, x)
+
+
 # XLA's shifts: an amount outside [0, bit width) gives 0 (left, logical) or
 # the sign fill (arithmetic, which reads an unsigned top bit as the sign).
 @always_inline
@@ -370,5 +393,5 @@ ELEMENTWISE = {
     P.is_finite_p, P.not_p, P.square_p, P.add_p, P.sub_p, P.mul_p, P.div_p, P.max_p, P.min_p,
     P.and_p, P.or_p, P.xor_p, P.eq_p, P.ne_p, P.lt_p, P.le_p, P.gt_p, P.ge_p, P.atan2_p,
     P.integer_pow_p, P.select_n_p, P.clamp_p, P.convert_element_type_p, P.add_jaxvals_p,
-    P.rem_p, P.pow_p, *SHIFTS, *BIT_COUNTS, P.bitcast_convert_type_p,
+    P.rem_p, P.pow_p, P.round_p, *SHIFTS, *BIT_COUNTS, P.bitcast_convert_type_p,
 }

@@ -29,6 +29,7 @@ from juju import primitives as P
 from juju._compat import open_jaxpr, scan_layout, sub_jaxprs_of_params
 from juju.primitives import empty2_p, platform_index_p
 from juju.dtypes import physical_aval
+from juju.lowering_helpers import platform_branch
 from juju_ops_lax._util import reduce_axis
 from juju_ops_lax import mixed
 
@@ -356,20 +357,7 @@ def lower_empty2(ctx, *, dtype, memory_space):
 
 
 def _platform_branch(ctx, platforms) -> int:
-    """The branch of `lax.platform_dependent` XLA would run on the same kind of
-    device ('cpu' on CPU), else the default branch."""
-    mine = ("cpu",) if ctx.device.is_cpu() else ()
-    default = None
-    for i, names in enumerate(platforms):
-        if names is None:
-            default = i
-        elif any(name in mine for name in names):
-            return i
-    if default is None:
-        raise NotImplementedError(
-            f"platform_dependent: no branch for {mine or 'this device'} among {platforms}"
-        )
-    return default
+    return platform_branch(platforms, ctx.device.is_cpu())
 
 
 @rules.register(platform_index_p)
