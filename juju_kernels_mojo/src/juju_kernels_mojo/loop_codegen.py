@@ -33,7 +33,7 @@ from juju import fallback
 from juju.lowering_helpers import platform_branch
 from juju import primitives as P
 from juju._compat import call_primitives, is_key_dtype, key_data_aval, open_jaxpr, scan_layout
-from juju_kernels_mojo import loop_random, loop_windows
+from juju_kernels_mojo import loop_conv, loop_random, loop_windows
 from juju_kernels_mojo.loop_random import KeyArray
 from juju_kernels_mojo.loop_mojo import (
     ELEMENTWISE, FLOAT_ONLY, INTEGER_ONLY, NOT_BOOL, PRELUDE, VECTOR_BYTES, VECTOR_ELEMENTWISE,
@@ -936,6 +936,7 @@ EQUATIONS = {
     **{p: Emitter.call for p in call_primitives},
     **loop_random.EQUATIONS,
     **loop_windows.EQUATIONS,
+    **loop_conv.EQUATIONS,
 }
 
 #: Equations that pass key arrays through as they are (into sub-jaxprs, or

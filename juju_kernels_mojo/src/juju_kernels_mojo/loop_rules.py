@@ -46,6 +46,9 @@ rules = juju.RuleSet(dtypes=juju.ALL_DTYPES)
 MAX_WORK = 1 << 16
 #: Longest generated source (lines): Mojo's compile time grows with it.
 MAX_LINES = 5000
+#: Other limits on the work of some primitives' kernels (program_kernels'
+#: whole programs run once a call, not once an iteration).
+WORK_LIMITS: dict = {}
 
 _NAME = "juju_loop_KERNEL_HASH"
 _lock = threading.Lock()
@@ -77,7 +80,7 @@ def _generate(ctx) -> tuple[LoopKernel, Path] | None:
     except Unsupported as why:
         log.debug("juju: %s stays a MAX loop: %s", ctx.eqn.primitive, why)
         return None
-    if not within_limits(draft):
+    if not within_limits(draft, WORK_LIMITS.get(ctx.eqn.primitive, MAX_WORK)):
         return None
     digest = hashlib.sha256(draft.source.encode()).hexdigest()[:16]
     name = _NAME.replace("KERNEL_HASH", digest)
@@ -90,11 +93,11 @@ def _generate(ctx) -> tuple[LoopKernel, Path] | None:
         return None
 
 
-def within_limits(draft: LoopKernel) -> bool:
+def within_limits(draft: LoopKernel, max_work: int = MAX_WORK) -> bool:
     """Whether a generated kernel is small enough to beat MAX's ops and to
-    build in seconds (`MAX_WORK`, `MAX_LINES`)."""
+    build in seconds (`max_work`, `MAX_LINES`)."""
     lines = draft.source.count("\n")
-    if draft.work > MAX_WORK or lines > MAX_LINES:
+    if draft.work > max_work or lines > MAX_LINES:
         log.debug("juju: no generated kernel: %d element operations per iteration, %d lines "
                   "of Mojo", draft.work, lines)
         return False

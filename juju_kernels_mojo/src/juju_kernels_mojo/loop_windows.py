@@ -59,18 +59,10 @@ def reduce_window(emitter, prim, ins, outs, *, window_dimensions, window_strides
         def inner(widx):
             conditions, terms = [], []
             for d, dim in enumerate(operand.shape):
-                stride, dilation, base = window_strides[d], window_dilation[d], base_dilation[d]
-                low = padding[d][0]
-                position = _affine([(idx[d], stride), (widx[d], dilation)], -low)
-                last = (out.shape[d] - 1) * stride + (window_dimensions[d] - 1) * dilation - low
-                coordinate = position
-                if base != 1:
-                    conditions.append(f"({position}) % {base} == 0")
-                    coordinate = f"(({position}) // {base})"
-                if -low < 0 or base != 1:
-                    conditions.insert(0, f"{position} >= 0")
-                if last > (dim - 1) * base:
-                    conditions.append(f"{coordinate} < {dim}")
+                coordinate, checks = window_coordinate(
+                    idx[d], widx[d], window_strides[d], window_dilation[d], base_dilation[d],
+                    padding[d][0], out.shape[d], window_dimensions[d], dim)
+                conditions += checks
                 terms.append(f"{coordinate} * {src[d]}" if src[d] != 1 else coordinate)
             at = " + ".join(terms) or "0"
             value = operand.at(f"({at})")
@@ -84,6 +76,24 @@ def reduce_window(emitter, prim, ins, outs, *, window_dimensions, window_strides
 
     emitter.nest(out.shape, body)
     emitter.work += out.size * int(np.prod(window_dimensions))
+
+
+def window_coordinate(out_index: str, window_index: str, stride: int, dilation: int, base: int,
+                      low: int, out_dim: int, window_dim: int, in_dim: int):
+    """The operand coordinate a window element reads along one axis, and the
+    conditions under which it reads one (not padding, not a hole of base
+    dilation), each left out where it always holds."""
+    position = _affine([(out_index, stride), (window_index, dilation)], -low)
+    last = (out_dim - 1) * stride + (window_dim - 1) * dilation - low
+    conditions, coordinate = [], position
+    if low > 0:
+        conditions.append(f"{position} >= 0")
+    if base != 1:
+        conditions.append(f"{position} % {base} == 0")
+        coordinate = f"({position} // {base})"
+    if last > (in_dim - 1) * base:
+        conditions.append(f"{coordinate} < {in_dim}")
+    return coordinate, conditions
 
 
 def _affine(terms, constant: int) -> str:

@@ -4,7 +4,7 @@ MAX runs every op of a graph through its runtime, ~1-3 us each on the CPU
 whatever its size: an optax Adam step on a 8x4 regression (162 equations)
 took 160 us to execute, against jax.jit's whole call of 81 us. When every
 equation of a traced program is one `loop_codegen` can write and the
-program's work is small (`loop_rules.MAX_WORK` element operations), the
+program's work is small (`PROGRAM_MAX_WORK` element operations), the
 rewrite below replaces the program by one `mojo_program` equation, and
 `loop_rules` writes the whole program as one kernel, as it does a loop body:
 the graph is then one custom op.
@@ -26,6 +26,12 @@ from juju._compat import ClosedJaxpr, Jaxpr, JaxPrimitive, Var, jex_core
 from juju_kernels_mojo import loop_codegen, loop_rules
 from juju_kernels_mojo.loop_codegen import Emitter, Unsupported, loop_source
 
+#: Most element operations a whole program kernel takes. A program runs
+#: once a call where a loop body runs once a trip, and each MAX op it
+#: replaces costs ~1-3 us of dispatch: a flax CNN training step (196
+#: equations, 76k element operations with its convolutions) runs in one kernel
+#: in less time than its MAX ops' dispatch alone.
+PROGRAM_MAX_WORK = 1 << 18
 #: Programs with fewer equations stay MAX graphs: MAX's per-op cost is small
 #: next to a call's, and a kernel costs a Mojo build at the first call.
 MIN_EQUATIONS = 8
@@ -37,6 +43,7 @@ ISLAND_MAX_ELEMENTS = 1024
 
 program_p = JaxPrimitive("mojo_program")
 program_p.multiple_results = True
+loop_rules.WORK_LIMITS[program_p] = PROGRAM_MAX_WORK
 
 # The generator writes a program as it writes the body of a call.
 loop_codegen.EQUATIONS[program_p] = Emitter.call
@@ -104,7 +111,7 @@ def _island(jaxpr, start: int, stop: int) -> list | None:
     draft = _draft(params, inputs, outputs)
     if draft is None:
         return None
-    if not loop_rules.within_limits(draft):
+    if not loop_rules.within_limits(draft, PROGRAM_MAX_WORK):
         if not islands_enabled():  # halves of a program are islands too
             return None
         middle = (start + stop) // 2
