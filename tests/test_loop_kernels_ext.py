@@ -214,7 +214,8 @@ def windows(x, n):
     """lax.reduce_window sum/max/min with padding (as cumsum's lowering
     writes it), strides, window and base dilation, negative padding; NaN,
     -0.0 and ints; cumsum/cumprod/cummax/cummin along either axis, both
-    directions."""
+    directions; max and min pools' gradients (select_and_scatter_add, ties
+    and NaN selected as XLA does)."""
     def step(c, v):
         a, k = v
         outs = (lax.reduce_window(a, 0.0, lax.add, (1, 3), (1, 1), ((0, 0), (2, 0))),
@@ -227,7 +228,11 @@ def windows(x, n):
                 lax.reduce_window(k, jnp.iinfo(jnp.int32).min, lax.max, (1, 4), (1, 3), "SAME"),
                 jnp.cumsum(a, axis=1), jnp.cumsum(a, axis=0), lax.cumsum(a, axis=1, reverse=True),
                 lax.cumprod(a * 0.5, axis=0, reverse=True), lax.cummax(a, axis=1),
-                lax.cummin(a, axis=0), jnp.cumsum(k, axis=1), lax.cummax(k, axis=0, reverse=True))
+                lax.cummin(a, axis=0), jnp.cumsum(k, axis=1), lax.cummax(k, axis=0, reverse=True),
+                jax.grad(lambda b: jnp.sum(lax.reduce_window(
+                    b, -jnp.inf, lax.max, (2, 2), (2, 2), "SAME") * b[:2, :3]))(a),
+                jax.grad(lambda b: jnp.sum(jnp.sin(lax.reduce_window(
+                    b, jnp.inf, lax.min, (3, 2), (1, 2), ((1, 1), (0, 0))))))(a))
         return c + outs[0][0, 0], outs
     return lax.scan(step, jnp.float32(0), (x, n))
 
@@ -281,6 +286,7 @@ def convolutions(x, w, g, v):
 def _window_rows():
     x = normal(2, 4, 6)
     x[0, 1, 2], x[0, 2, 4], x[1, 0, 0] = np.nan, -0.0, 0.0
+    x[1, :2, :2] = 2.0  # a pooling window of ties
     x[1, 3] = [-np.inf, 1.0, np.inf, 2.0, -0.0, 0.0]
     n = rng.integers(-5, 6, size=(2, 4, 6)).astype(np.int32)
     return x, n

@@ -1,7 +1,7 @@
 """Window reductions and cumulative reductions in generated loop kernels:
 lax.reduce_window_{sum,max,min} (padding, strides, base and window
-dilation, as XLA) and cumsum/cumprod/cummax/cummin (one pass along the
-axis). distrax's coupling flows and rlax's returns are made of them.
+dilation, as XLA), the max/min pool's gradient (select_and_scatter_add) and
+cumsum/cumprod/cummax/cummin (one pass along the axis). distrax's coupling flows and rlax's returns are made of them.
 """
 
 from __future__ import annotations
@@ -78,6 +78,52 @@ def reduce_window(emitter, prim, ins, outs, *, window_dimensions, window_strides
     emitter.work += out.size * int(np.prod(window_dimensions))
 
 
+def select_and_scatter_add(emitter, prim, ins, outs, *, select_prim, window_dimensions,
+                           window_strides, padding) -> None:
+    """The gradient of a max (min) pool: out (the operand's shape) = 0, then
+    for each window, source's value added where the window's first maximum
+    (minimum) is, as XLA selects (a later element wins where
+    `select_prim(selected, element)` is false; padding is never selected)."""
+    source, operand = ins
+    (out,) = outs
+    test = {P.ge_p: ">=", P.le_p: "<=", P.gt_p: ">", P.lt_p: "<"}.get(select_prim)
+    if test is None:
+        raise Unsupported(f"select_and_scatter_add selecting by {select_prim}")
+    emitter.fill(out, literal(0, out.dtype))
+    if not source.size:
+        return
+    src, dst = row_major(operand.shape), row_major(source.shape)
+
+    def body(idx):
+        chosen, best = emitter.fresh("sel"), emitter.fresh("best")
+        emitter.emit(f"var {chosen} = -1")
+        emitter.emit(f"var {best} = {literal(0, operand.dtype)}")
+
+        def inner(widx):
+            conditions, terms = [], []
+            for d, dim in enumerate(operand.shape):
+                coordinate, checks = window_coordinate(
+                    idx[d], widx[d], window_strides[d], 1, 1, padding[d][0],
+                    source.shape[d], window_dimensions[d], dim)
+                conditions += checks
+                terms.append(f"{coordinate} * {src[d]}" if src[d] != 1 else coordinate)
+            at = f"({' + '.join(terms) or '0'})"
+            guard = emitter.block(f"if {' and '.join(conditions)}:") if conditions \
+                else contextlib.nullcontext()
+            with guard:
+                value = operand.at(at)
+                with emitter.block(f"if {chosen} < 0 or not ({best} {test} {value}):"):
+                    emitter.emit(f"{chosen} = {at}")
+                    emitter.emit(f"{best} = {value}")
+
+        emitter.nest(window_dimensions, inner)
+        with emitter.block(f"if {chosen} >= 0:"):
+            emitter.emit(f"{out.at(chosen)} += {source.at(index_expr(idx, dst))}")
+
+    emitter.nest(source.shape, body)
+    emitter.work += source.size * int(np.prod(window_dimensions))
+
+
 def window_coordinate(out_index: str, window_index: str, stride: int, dilation: int, base: int,
                       low: int, out_dim: int, window_dim: int, in_dim: int):
     """The operand coordinate a window element reads along one axis, and the
@@ -136,4 +182,5 @@ EQUATIONS = {
     **{p: reduce_window for p in (P.reduce_window_sum_p, P.reduce_window_max_p,
                                   P.reduce_window_min_p)},
     **{p: cumulative for p in (P.cumsum_p, P.cumprod_p, P.cummax_p, P.cummin_p)},
+    P.select_and_scatter_add_p: select_and_scatter_add,
 }
