@@ -141,6 +141,9 @@ def test_a_missing_rule_is_raised_as_when_lowering():
 
 def test_cli_prints_the_table_and_json(no_compile):
     env = {k: v for k, v in os.environ.items() if not k.startswith("JUJU_")}
+    # Each equation's own rule: with program kernels on, this small program
+    # is one `mojo_program` equation (test_program_kernels).
+    env["JUJU_PROGRAM_KERNELS"] = "0"
     result = subprocess.run(
         [sys.executable, "-m", "juju", "explain", f"{__file__}:program", "f32[4,4]",
          "float32[1,1,3,3]", "--json"], capture_output=True, text=True, env=env, timeout=300)
