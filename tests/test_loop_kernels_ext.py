@@ -239,13 +239,16 @@ def windows(x, n):
 
 def rounding(x):
     """lax.round half away from zero and half to even on halves, near-halves,
-    -0.0, NaN, +-inf and large values; lax.platform_dependent (the CPU's
+    -0.0, NaN, +-inf and large values; nextafter (towards +-inf, zero, NaN;
+    from zero: the smallest denormal); lax.platform_dependent (the CPU's
     branch), as jax.scipy's solvers write it."""
     def step(c, a):
         outs = (lax.round(a), lax.round(a, lax.RoundingMethod.TO_NEAREST_EVEN), jnp.round(a),
                 jnp.round(a * 10, 1),
                 lax.platform_dependent(a, cpu=lambda v: v * 2, default=lambda v: v - 1),
-                lax.platform_dependent(a, tpu=lambda v: v * 3, default=lambda v: v + c))
+                lax.platform_dependent(a, tpu=lambda v: v * 3, default=lambda v: v + c),
+                jnp.nextafter(a, jnp.float32(jnp.inf)), jnp.nextafter(a, -a),
+                jnp.nextafter(a * 0, a))
         return c + 1, outs
     return lax.scan(step, jnp.float32(0), x)
 

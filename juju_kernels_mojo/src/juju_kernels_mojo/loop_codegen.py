@@ -10,8 +10,11 @@ programs are made of (elementwise math, integer div/rem, rem and pow,
 comparisons, select, casts, broadcasts, reshapes, transposes, slices,
 concatenation, stack/unstack/split, pad, reductions, argmax/argmin and
 lax.reduce, dot_general, iota, dynamic slices, gather and scatter in XLA's
-index modes, cond, nested scan/while and the call wrappers); anything else
-raises `Unsupported` and the loop keeps lax's rule.
+index modes, cond, nested scan/while and the call wrappers; PRNG keys and
+jax.random in loop_random.py, window and cumulative reductions in
+loop_windows.py, convolutions in loop_conv.py; any equation whose rule is a
+decomposition); anything else raises `Unsupported` and the loop keeps lax's
+rule.
 
 Every array is flat and row-major; an `Array` is a pointer, a static shape
 and an offset expression (a row of `xs` is the input at `step * row`).

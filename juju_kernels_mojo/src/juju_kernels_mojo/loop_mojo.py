@@ -189,6 +189,7 @@ def binary_expression(prim):
         P.gt_p: lambda dt, a, b: f"{a} > {b}",
         P.ge_p: lambda dt, a, b: f"{a} >= {b}",
         P.atan2_p: lambda dt, a, b: f"atan2({a}, {b})",
+        P.nextafter_p: lambda dt, a, b: f"next_after({a}, {b})",
         P.shift_left_p: lambda dt, a, b: f"shift_left({a}, {b})",
         P.shift_right_logical_p: lambda dt, a, b: f"shift_right_logical({a}, {b})",
         P.shift_right_arithmetic_p: lambda dt, a, b: f"shift_right_arithmetic({a}, {b})",
@@ -197,7 +198,7 @@ def binary_expression(prim):
 
 FLOAT_ONLY = {P.exp_p, P.log_p, P.tanh_p, P.sin_p, P.cos_p, P.sqrt_p, P.log1p_p, P.expm1_p,
               P.exp2_p, P.erf_p, P.floor_p, P.ceil_p, P.rsqrt_p, P.logistic_p, P.is_finite_p,
-              P.atan2_p, P.pow_p, P.round_p}
+              P.atan2_p, P.pow_p, P.round_p, P.nextafter_p}
 SHIFTS = {P.shift_left_p, P.shift_right_logical_p, P.shift_right_arithmetic_p}
 BIT_COUNTS = {P.population_count_p, P.clz_p}
 INTEGER_ONLY = {P.not_p, P.and_p, P.or_p, P.xor_p, *SHIFTS, *BIT_COUNTS}
@@ -318,6 +319,17 @@ def float_to_int[src: DType, dst: DType](x: Scalar[src]) -> Scalar[dst]:
     return x.cast[dst]()
 
 
+@always_inline
+def next_after[dt: DType](a: Scalar[dt], b: Scalar[dt]) -> Scalar[dt]:
+    # C's nextafter (XLA's: denormal steps kept, NaN in gives NaN).
+    comptime if dt == DType.float64:
+        return external_call["nextafter", Float64](a.cast[DType.float64](),
+                                                   b.cast[DType.float64]()).cast[dt]()
+    else:
+        return external_call["nextafterf", Float32](a.cast[DType.float32](),
+                                                    b.cast[DType.float32]()).cast[dt]()
+
+
 # lax.round: halves away from zero, or to even; the sign of zero kept.
 @always_inline
 def round_away[dt: DType](x: Scalar[dt]) -> Scalar[dt]:
@@ -393,5 +405,5 @@ ELEMENTWISE = {
     P.is_finite_p, P.not_p, P.square_p, P.add_p, P.sub_p, P.mul_p, P.div_p, P.max_p, P.min_p,
     P.and_p, P.or_p, P.xor_p, P.eq_p, P.ne_p, P.lt_p, P.le_p, P.gt_p, P.ge_p, P.atan2_p,
     P.integer_pow_p, P.select_n_p, P.clamp_p, P.convert_element_type_p, P.add_jaxvals_p,
-    P.rem_p, P.pow_p, P.round_p, *SHIFTS, *BIT_COUNTS, P.bitcast_convert_type_p,
+    P.rem_p, P.pow_p, P.round_p, P.nextafter_p, *SHIFTS, *BIT_COUNTS, P.bitcast_convert_type_p,
 }

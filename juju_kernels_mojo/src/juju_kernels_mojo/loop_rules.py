@@ -4,7 +4,7 @@ juju_ops_lax lowers a loop onto MAX's `while_loop`, whose every trip goes
 through MAX's runtime (~15-35 us on the CPU whatever the body holds): a
 `lax.scan` RNN step that XLA runs in 0.4 us cost ~50 us (issue 17). Here a
 loop whose body `loop_codegen` can write (static shapes; float32/64,
-int32/64, uint32 and bool; the equations listed there) and whose work per
+signed and unsigned integers, bool and PRNG keys; the equations listed there) and whose work per
 iteration is small (at most MAX_WORK element operations: beyond that MAX's
 vectorized, multi-threaded ops win over scalar loops) becomes a kernel
 `juju_loop_<hash of its source>`, built with `mojo precompile` into juju's
