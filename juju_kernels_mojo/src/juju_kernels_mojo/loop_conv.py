@@ -71,7 +71,8 @@ def conv_general_dilated(emitter, prim, ins, outs, *, window_strides, padding, l
         emitter.emit(f"{out.at(index_expr(idx, ost))} = {acc}")
 
     emitter.nest(out.shape, body)
-    emitter.work += out.size * per_group_in * math.prod(kernel)
+    # Scalar multiply-adds: counted twice against vectorized element operations.
+    emitter.work += 2 * out.size * per_group_in * math.prod(kernel)
 
 
 def _term(index: str, stride: int) -> str:

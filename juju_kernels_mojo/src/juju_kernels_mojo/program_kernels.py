@@ -4,7 +4,7 @@ MAX runs every op of a graph through its runtime, ~1-3 us each on the CPU
 whatever its size: an optax Adam step on a 8x4 regression (162 equations)
 took 160 us to execute, against jax.jit's whole call of 81 us. When every
 equation of a traced program is one `loop_codegen` can write and the
-program's work is small (`PROGRAM_MAX_WORK` element operations), the
+program's work is small (`work_limit`), the
 rewrite below replaces the program by one `mojo_program` equation, and
 `loop_rules` writes the whole program as one kernel, as it does a loop body:
 the graph is then one custom op.
@@ -22,16 +22,24 @@ import math
 import os
 
 import juju
-from juju._compat import ClosedJaxpr, Jaxpr, JaxPrimitive, Var, jex_core
+from juju import primitives as P
+from juju._compat import ClosedJaxpr, Jaxpr, JaxPrimitive, Var, jex_core, open_jaxpr
+from juju._compat import sub_jaxprs_of_params
 from juju_kernels_mojo import loop_codegen, loop_rules
 from juju_kernels_mojo.loop_codegen import Emitter, Unsupported, loop_source
 
-#: Most element operations a whole program kernel takes. A program runs
-#: once a call where a loop body runs once a trip, and each MAX op it
-#: replaces costs ~1-3 us of dispatch: a flax CNN training step (196
-#: equations, 76k element operations with its convolutions) runs in one kernel
-#: in less time than its MAX ops' dispatch alone.
+#: A program kernel runs once a call, single-threaded, where MAX runs each
+#: of the program's ops with ~1-3 us of dispatch, multi-threaded. Measured on
+#: the 2-core machine (kernel / MAX ops / jax.jit, ms): a flax transformer
+#: encoder step (633 equations, 260k element operations) 0.50 / 1.23 / 0.58;
+#: an einops ViT step (737, 2.7M) 1.06 / 1.55 / 0.78; but optax's global-norm
+#: clipping of a 1000x64 parameter (49 equations, 1.4M: each op a big
+#: vectorized one) 0.57 / 0.22 / 0.29, and haiku's ResNet block (240, 830k,
+#: mostly scalar convolution loops) 0.95 / 0.89 / 0.47. So a program is one
+#: kernel up to PROGRAM_MAX_WORK, and beyond that while its work per equation
+#: is at most WORK_PER_EQUATION (convolutions count double: scalar loops).
 PROGRAM_MAX_WORK = 1 << 18
+WORK_PER_EQUATION = 4096
 #: Programs with fewer equations stay MAX graphs: MAX's per-op cost is small
 #: next to a call's, and a kernel costs a Mojo build at the first call.
 MIN_EQUATIONS = 8
@@ -43,7 +51,21 @@ ISLAND_MAX_ELEMENTS = 1024
 
 program_p = JaxPrimitive("mojo_program")
 program_p.multiple_results = True
-loop_rules.WORK_LIMITS[program_p] = PROGRAM_MAX_WORK
+
+
+def work_limit(call_jaxpr) -> int:
+    """Most element operations a program kernel of `call_jaxpr` takes."""
+    return max(PROGRAM_MAX_WORK, WORK_PER_EQUATION * _equation_count(call_jaxpr.jaxpr))
+
+
+def _equation_count(jaxpr) -> int:
+    """Equations, those of called jaxprs included (each a MAX op or more)."""
+    return sum(1 + sum(_equation_count(open_jaxpr(sub)) for sub in sub_jaxprs_of_params(e.params)
+                       if e.primitive not in (P.while_p, P.scan_p))
+               for e in jaxpr.eqns)
+
+
+loop_rules.WORK_LIMITS[program_p] = lambda params: work_limit(params["call_jaxpr"])
 
 # The generator writes a program as it writes the body of a call.
 loop_codegen.EQUATIONS[program_p] = Emitter.call
@@ -111,7 +133,7 @@ def _island(jaxpr, start: int, stop: int) -> list | None:
     draft = _draft(params, inputs, outputs)
     if draft is None:
         return None
-    if not loop_rules.within_limits(draft, PROGRAM_MAX_WORK):
+    if not loop_rules.within_limits(draft, work_limit(params["call_jaxpr"])):
         if not islands_enabled():  # halves of a program are islands too
             return None
         middle = (start + stop) // 2
