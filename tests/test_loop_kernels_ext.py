@@ -2,7 +2,7 @@
 against jax.jit: integer div and rem, float rem and pow, gather and scatter
 in every index mode (out-of-bounds indices clamped, filled or dropped as XLA
 does), argmax/argmin and lax.reduce, stack, unstack, split and pad, window
-and cumulative reductions, rounding and platform_dependent, convolutions.
+and cumulative reductions, rounding and platform_dependent, convolutions, complex numbers.
 
 Each case is a scan or while_loop checked to run as a generated kernel (not
 lax's loop), on edge values: negative and zero divisors, INT_MIN / -1, NaN,
@@ -286,6 +286,33 @@ def convolutions(x, w, g, v):
     return lax.scan(step, jnp.float32(1.0), (x, v))
 
 
+def complex_numbers(z, w, x):
+    """complex64 arithmetic (add, sub, mul, Smith's div, neg, conj, exp,
+    integer powers, abs), real/imag/lax.complex, real <-> complex
+    conversions, complex and mixed dot_general, sums, pads, slices,
+    concatenations, and an S5-style linear recurrence by associative_scan."""
+    def combine(a, b):
+        return a[0] * b[0], a[1] * b[0] + b[1]
+
+    def step(c, v):
+        a, b, r = v
+        m = jnp.outer(a, jnp.conj(b))
+        ramp = lax.associative_scan(combine, (jnp.exp(a * 0.1), b))[1]
+        outs = (a + b, a - b, a * b, a / b, -a, jnp.conj(a), jnp.exp(a * 0.5), a ** 3, a ** -2,
+                jnp.abs(a), jnp.real(a), jnp.imag(b), lax.complex(r, r * 2),
+                r.astype(jnp.complex64) + a, a * r, r * 1j, m @ a, r @ m, jnp.sum(m, axis=0),
+                jnp.pad(a, 2), jnp.concatenate([a[1:], b[:2]]), ramp, c * a)
+        return c + jnp.sum(a).real, outs
+    return lax.scan(step, jnp.float32(0.5), (z, w, x))
+
+
+def _complex_rows():
+    z = (normal(3, 5) + 1j * normal(3, 5)).astype(np.complex64)
+    w = (normal(3, 5) + 1j * normal(3, 5)).astype(np.complex64)
+    w[0, :2] = [1e-3 + 4j, 3 - 1e-3j]  # each branch of Smith's division
+    return z, w, normal(3, 5)
+
+
 def _window_rows():
     x = normal(2, 4, 6)
     x[0, 1, 2], x[0, 2, 4], x[1, 0, 0] = np.nan, -0.0, 0.0
@@ -298,6 +325,7 @@ def _window_rows():
 CASES = {
     "windows": (windows, _window_rows()),
     "rounding": (rounding, (ROUNDING,)),
+    "complex_numbers": (complex_numbers, _complex_rows()),
     "convolutions": (convolutions, (normal(2, 2, 6, 5, 3), normal(3, 2, 3, 4), normal(4, 2, 3, 2),
                                     normal(2, 2, 4, 5, 4))),
     "integer_division": (integer_division, (

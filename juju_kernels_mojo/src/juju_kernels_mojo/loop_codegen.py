@@ -35,9 +35,10 @@ from jax.extend import core as jex_core
 from juju import fallback
 from juju.lowering_helpers import platform_branch
 from juju import primitives as P
-from juju._compat import call_primitives, is_key_dtype, key_data_aval, open_jaxpr, scan_layout
-from juju_kernels_mojo import loop_conv, loop_random, loop_windows
-from juju_kernels_mojo.loop_random import KeyArray
+from juju._compat import call_primitives, is_key_dtype, open_jaxpr, scan_layout
+from juju.dtypes import physical_aval
+from juju_kernels_mojo import loop_complex, loop_conv, loop_parts, loop_random, loop_windows
+from juju_kernels_mojo.loop_parts import Parts
 from juju_kernels_mojo.loop_mojo import (
     ELEMENTWISE, FLOAT_ONLY, INTEGER_ONLY, NOT_BOOL, PRELUDE, VECTOR_BYTES, VECTOR_ELEMENTWISE,
     LIBM_EXP_F64,
@@ -93,9 +94,12 @@ class Emitter:
         return array
 
     def value(self, shape, dtype):
-        """A fresh buffer for a value: an `Array`, or a `KeyArray` for keys."""
+        """A fresh buffer for a value: an `Array`, or `Parts` for keys and
+        complex numbers."""
         if is_key_dtype(dtype):
             return loop_random.scratch_keys(self, shape, dtype)
+        if loop_complex.is_complex(dtype):
+            return loop_complex.scratch_complex(self, shape, dtype)
         return self.scratch(shape, dtype)
 
     def like(self, x):
@@ -131,7 +135,7 @@ class Emitter:
 
     def copy(self, src, dst: Array, convert=None) -> None:
         """dst = src elementwise (src may be a Const or a same-size Array)."""
-        if isinstance(dst, KeyArray):
+        if isinstance(dst, Parts):
             for s, d in zip(src.words, dst.words, strict=True):
                 self.copy(s, d)
             return
@@ -185,6 +189,8 @@ class Emitter:
     def closed_const(self, value):
         if is_key_dtype(getattr(value, "dtype", None)):
             return loop_random.const_keys(self, value)
+        if loop_complex.is_complex(getattr(value, "dtype", None)):
+            return loop_complex.const_complex(self, value)
         value = np.asarray(value)
         self.check_aval(value)
         self.consts.append(value)
@@ -197,14 +203,17 @@ class Emitter:
             raise Unsupported(f"a value of type {aval}")
         if is_key_dtype(aval.dtype):
             loop_random.key_words(aval.dtype)
-        else:
+        elif not loop_complex.is_complex(aval.dtype):
             mojo_dtype(aval.dtype)
 
     # -- equations ---------------------------------------------------------------
 
     def equation(self, prim, ins, outs, params, avals=None, out_avals=None) -> None:
-        if EQUATIONS.get(prim) not in KEY_CARRIERS and loop_random.has_keys((*ins, *outs)):
-            loop_random.keyed_equation(self, prim, ins, outs, params, avals, out_avals)
+        if EQUATIONS.get(prim) not in PARTS_CARRIERS and loop_parts.has_parts((*ins, *outs)):
+            if any(isinstance(x, Parts) and is_key_dtype(x.dtype) for x in (*ins, *outs)):
+                loop_random.keyed_equation(self, prim, ins, outs, params, avals, out_avals)
+            else:
+                loop_complex.complex_equation(self, prim, ins, outs, params)
             return
         method = EQUATIONS.get(prim)
         if method is None:
@@ -871,7 +880,7 @@ class Emitter:
         one that is a carry, an input or a literal goes through `staged`
         (a carry may be overwritten before another reads it)."""
         carried = {(c.ptr, c.offset) for c in carry}
-        computed = [isinstance(v, (Array, KeyArray)) and (v.ptr, v.offset) in self.scratch_ids
+        computed = [isinstance(v, (Array, Parts)) and (v.ptr, v.offset) in self.scratch_ids
                     and (v.ptr, v.offset) not in carried for v in new]
         for src, dst, direct in zip(new, staged, computed):
             if not direct:
@@ -942,9 +951,9 @@ EQUATIONS = {
     **loop_conv.EQUATIONS,
 }
 
-#: Equations that pass key arrays through as they are (into sub-jaxprs, or
-#: copied whole) take `KeyArray`s like any value.
-KEY_CARRIERS = (Emitter.call, Emitter.identity, Emitter.cond, Emitter.scan, Emitter.while_loop)
+#: Equations that pass values through as they are (into sub-jaxprs, or
+#: copied whole) take `Parts` (keys, complex numbers) like any value.
+PARTS_CARRIERS = (Emitter.call, Emitter.identity, Emitter.cond, Emitter.scan, Emitter.while_loop)
 
 
 @dataclass(frozen=True)
@@ -966,25 +975,25 @@ def loop_source(prim, params, in_avals, out_avals, name: str) -> LoopKernel:
     e = Emitter()
     for a in (*in_avals, *out_avals):
         e.check_aval(a)
-    # Key arrays come and go as their raw data (uint32[..., 2]): converted
-    # to and from their words here.
-    in_data = [key_data_aval(a) for a in in_avals]
-    out_data = [key_data_aval(a) for a in out_avals]
+    # Key arrays and complex numbers come and go in their physical form
+    # (parts on a last axis): converted to and from `Parts` here.
+    in_data = [physical_aval(a) for a in in_avals]
+    out_data = [physical_aval(a) for a in out_avals]
     ins = []
     for i, (a, d) in enumerate(zip(in_avals, in_data)):
         data = Array(f"a{i}", tuple(d.shape), np.dtype(d.dtype))
-        if is_key_dtype(a.dtype):
-            keys = e.value(a.shape, a.dtype)
-            loop_random.deinterleave(e, data, keys)
-            data = keys
+        if d is not a:
+            value = e.value(a.shape, a.dtype)
+            loop_parts.deinterleave(e, data, value)
+            data = value
         ins.append(data)
     results = [Array(f"r{i}", tuple(d.shape), np.dtype(d.dtype)) for i, d in enumerate(out_data)]
-    outs = [e.value(a.shape, a.dtype) if is_key_dtype(a.dtype) else r
-            for a, r in zip(out_avals, results)]
+    outs = [e.value(a.shape, a.dtype) if d is not a else r
+            for a, d, r in zip(out_avals, out_data, results)]
     e.equation(prim, ins, outs, params)
     for out, result in zip(outs, results):
         if out is not result:
-            loop_random.interleave(e, out, result)
+            loop_parts.interleave(e, out, result)
     args = [f"        o{i}: OutputTensor[dtype={mojo_dtype(a.dtype)}, rank=1, ...],"
             for i, a in enumerate(out_data)]
     inputs = [*in_data, *e.consts]
