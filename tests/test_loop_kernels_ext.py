@@ -2,7 +2,7 @@
 against jax.jit: integer div and rem, float rem and pow, gather and scatter
 in every index mode (out-of-bounds indices clamped, filled or dropped as XLA
 does), argmax/argmin and lax.reduce, stack, unstack, split and pad, window
-and cumulative reductions, rounding and platform_dependent, convolutions, complex numbers.
+and cumulative reductions, rounding and platform_dependent, convolutions, complex numbers, sorting.
 
 Each case is a scan or while_loop checked to run as a generated kernel (not
 lax's loop), on edge values: negative and zero divisors, INT_MIN / -1, NaN,
@@ -313,6 +313,29 @@ def _complex_rows():
     return z, w, normal(3, 5)
 
 
+def sorting(x, k):
+    """lax.sort of short rows along either axis: NaN last (every NaN equal),
+    -0.0 equal to 0.0 (stable: their order kept), ties, -inf; two keys; the
+    other operands carried (argsort); int keys; descending (jnp)."""
+    def step(c, v):
+        a, n = v
+        outs = (jnp.sort(a, axis=1), jnp.sort(a, axis=0), jnp.argsort(a, axis=1),
+                lax.sort((n, a), num_keys=2), lax.sort((a, n, a * 2), num_keys=1),
+                jnp.sort(n, axis=1), jnp.sort(a, axis=1, descending=True),
+                jnp.argsort(n, axis=0, stable=True))
+        return c + outs[0][0, 0], outs
+    return lax.scan(step, jnp.float32(0), (x, k))
+
+
+def _sort_rows():
+    x = normal(2, 4, 6)
+    x[0, 0] = [np.nan, 1.0, -np.nan, -0.0, 0.0, -np.inf]
+    x[0, 1] = [0.0, -0.0, 0.0, -0.0, 2.0, 2.0]
+    x[1, 2] = [3.0, 3.0, 3.0, -1.0, np.inf, np.nan]
+    k = rng.integers(-2, 3, size=(2, 4, 6)).astype(np.int32)
+    return x, k
+
+
 def _window_rows():
     x = normal(2, 4, 6)
     x[0, 1, 2], x[0, 2, 4], x[1, 0, 0] = np.nan, -0.0, 0.0
@@ -325,6 +348,7 @@ def _window_rows():
 CASES = {
     "windows": (windows, _window_rows()),
     "rounding": (rounding, (ROUNDING,)),
+    "sorting": (sorting, _sort_rows()),
     "complex_numbers": (complex_numbers, _complex_rows()),
     "convolutions": (convolutions, (normal(2, 2, 6, 5, 3), normal(3, 2, 3, 4), normal(4, 2, 3, 2),
                                     normal(2, 2, 4, 5, 4))),

@@ -37,7 +37,8 @@ from juju.lowering_helpers import platform_branch
 from juju import primitives as P
 from juju._compat import call_primitives, is_key_dtype, open_jaxpr, scan_layout
 from juju.dtypes import physical_aval
-from juju_kernels_mojo import loop_complex, loop_conv, loop_parts, loop_random, loop_windows
+from juju_kernels_mojo import (loop_complex, loop_conv, loop_parts, loop_random, loop_sort,
+                               loop_windows)
 from juju_kernels_mojo.loop_parts import Parts
 from juju_kernels_mojo.loop_mojo import (
     ELEMENTWISE, FLOAT_ONLY, INTEGER_ONLY, NOT_BOOL, PRELUDE, VECTOR_BYTES, VECTOR_ELEMENTWISE,
@@ -949,6 +950,7 @@ EQUATIONS = {
     **loop_random.EQUATIONS,
     **loop_windows.EQUATIONS,
     **loop_conv.EQUATIONS,
+    **loop_sort.EQUATIONS,
 }
 
 #: Equations that pass values through as they are (into sub-jaxprs, or
@@ -1006,6 +1008,7 @@ def loop_source(prim, params, in_avals, out_avals, name: str) -> LoopKernel:
     source = "\n".join([
         PRELUDE,
         loop_random.PRELUDE,
+        loop_sort.PRELUDE,
         "",
         f'@register("{name}")',
         f"struct Loop_{name}:",
