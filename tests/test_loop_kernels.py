@@ -330,14 +330,15 @@ def test_cases_cover_every_supported_equation():
 
 
 def test_unsupported_bodies_keep_lax_loops():
-    """A body with an equation the generator does not write (sort), and one
-    too large for scalar loops, stay MAX loops."""
+    """A body with an equation the generator does not write (a sort of rows
+    longer than loop_sort.MAX_ROW), and one too large for scalar loops, stay
+    MAX loops."""
     def sorted_scan(xs):
         return lax.scan(lambda c, x: (c + jnp.sort(x)[0], c), 0.0, xs)
 
     def big(xs, w):
         return lax.scan(lambda h, x: (jnp.tanh(w @ h + x), None), xs[0], xs)
 
-    for fn, args in ((sorted_scan, (normal(4, 5),)), (big, (normal(3, 512), normal(512, 512)))):
+    for fn, args in ((sorted_scan, (normal(4, 100),)), (big, (normal(3, 512), normal(512, 512)))):
         loops = {(c.pack, c.rule) for c in juju.explain(fn, *args) if c.primitive == "scan"}
         assert loops == {("lax", "lower_scan")}, loops
