@@ -42,8 +42,8 @@ from juju_kernels_mojo import (loop_complex, loop_conv, loop_parts, loop_random,
 from juju_kernels_mojo.loop_parts import Parts
 from juju_kernels_mojo.loop_mojo import (
     ELEMENTWISE, FLOAT_ONLY, INTEGER_ONLY, NOT_BOOL, PRELUDE, VECTOR_BYTES, VECTOR_ELEMENTWISE,
-    LIBM_EXP_F64,
-    Array, Const, Unsupported, add_offsets, binary_expression, unary_expression, index_expr, literal, mojo_dtype,
+    LIBM_EXP_F64, REDUCTIONS,
+    Array, broadcast_strides, reduction_identity, Const, Unsupported, add_offsets, binary_expression, unary_expression, index_expr, literal, mojo_dtype,
     scalar_type,
 )
 # Imported under another name: `slice`'s equation has a parameter named strides.
@@ -123,6 +123,12 @@ class Emitter:
                 if dim != 1:
                     stack.enter_context(self.block(f"for {name} in range({dim}):"))
             body(names)
+
+    def when(self, conditions: list[str]):
+        """A block run only where all `conditions` hold (none: always)."""
+        if not conditions:
+            return contextlib.nullcontext()
+        return self.block(f"if {' and '.join(conditions)}:")
 
     @contextlib.contextmanager
     def each(self, start: int, stop: int):
@@ -210,13 +216,13 @@ class Emitter:
     # -- equations ---------------------------------------------------------------
 
     def equation(self, prim, ins, outs, params, avals=None, out_avals=None) -> None:
-        if EQUATIONS.get(prim) not in PARTS_CARRIERS and loop_parts.has_parts((*ins, *outs)):
+        method = EQUATIONS.get(prim)
+        if method not in PARTS_CARRIERS and loop_parts.has_parts((*ins, *outs)):
             if any(isinstance(x, Parts) and is_key_dtype(x.dtype) for x in (*ins, *outs)):
                 loop_random.keyed_equation(self, prim, ins, outs, params, avals, out_avals)
             else:
                 loop_complex.complex_equation(self, prim, ins, outs, params)
             return
-        method = EQUATIONS.get(prim)
         if method is None:
             method = Emitter.elementwise if prim in ELEMENTWISE else None
         if method is None and avals is not None:
@@ -284,8 +290,7 @@ class Emitter:
         def body(idx):
             args = []
             for x in ins:
-                st = [0 if d == 1 else s for d, s in zip(x.shape, row_major(x.shape))]
-                args.append(x.at(index_expr(idx, st) if x.shape else "0"))
+                args.append(x.at(index_expr(idx, broadcast_strides(x.shape)) if x.shape else "0"))
             self.element(prim, ins, out, args, index_expr(idx, out_st), dt, params)
 
         self.nest(out.shape, body)
@@ -605,8 +610,7 @@ class Emitter:
 
             # XLA drops an update window not wholly in bounds (CLIP clamped it)
             checks = [f"{s} >= 0 and {s} <= {hi}" for s, hi in zip(starts, highs)]
-            with (self.block(f"if {' and '.join(checks)}:") if checks and mode != "CLIP"
-                  else contextlib.nullcontext()):
+            with self.when(checks if mode != "CLIP" else []):
                 self.nest([size[d] for d in window], inner)
 
         self.nest(indices.shape[:-1], body)
@@ -682,15 +686,8 @@ class Emitter:
     def reduce(self, prim, ins, outs, *, axes, out_sharding=None):
         (operand,), (out,) = ins, outs
         dt = operand.dtype
-        combine, init = {
-            P.reduce_sum_p: ("{a} + {b}", 0), P.reduce_prod_p: ("{a} * {b}", 1),
-            P.reduce_max_p: ("max_nan({a}, {b})", "-inf" if dt.kind == "f" else "min"),
-            P.reduce_min_p: ("min_nan({a}, {b})", "inf" if dt.kind == "f" else "max"),
-            P.reduce_and_p: ("{a} & {b}", True), P.reduce_or_p: ("{a} | {b}", False),
-        }[prim]
-        if isinstance(init, str):
-            info = np.finfo(dt) if dt.kind == "f" else np.iinfo(dt)
-            init = {"-inf": -np.inf, "inf": np.inf, "min": info.min, "max": info.max}[init]
+        combine, init = REDUCTIONS[prim]
+        init = reduction_identity(init, dt)
         if dt == np.bool_ and prim not in (P.reduce_and_p, P.reduce_or_p):
             raise Unsupported(f"{prim.name} of bool")
         self.copy(Const(init, out.shape, dt), out)

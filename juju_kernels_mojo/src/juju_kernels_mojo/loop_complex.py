@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from juju import primitives as P
-from juju_kernels_mojo.loop_mojo import Const, Unsupported, index_expr, literal
+from juju_kernels_mojo.loop_mojo import (Const, Unsupported, broadcast_strides, index_expr, literal,
+                                        mojo_dtype)
 from juju_kernels_mojo.loop_mojo import strides as row_major
 from juju_kernels_mojo.loop_parts import PER_PART, Parts, per_part, scratch_parts
 
@@ -100,7 +101,7 @@ def _element(x, idx, shape, at):
     elif tuple(x.shape) == tuple(shape):
         where = at
     else:  # lax broadcasts size-1 axes of equal-rank operands
-        where = index_expr(idx, [0 if d == 1 else s for d, s in zip(x.shape, row_major(x.shape))])
+        where = index_expr(idx, broadcast_strides(x.shape))
     if isinstance(x, Parts):
         return x.words[0].at(where), x.words[1].at(where)
     return x.at(where), None
@@ -219,8 +220,6 @@ def _complex(emitter, args, real, params):
 
 def _convert(emitter, args, real, params):
     ((a, b),) = args
-    from juju_kernels_mojo.loop_mojo import mojo_dtype
-
     cast = f".cast[{mojo_dtype(real)}]()"
     return f"{a}{cast}", f"{_im(b, real)}{cast}" if b is not None else literal(0, real)
 

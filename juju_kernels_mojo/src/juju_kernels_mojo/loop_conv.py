@@ -60,12 +60,8 @@ def conv_general_dilated(emitter, prim, ins, outs, *, window_strides, padding, l
                 conditions += checks
                 lhs_at.append(_term(coordinate, lst[ls[d]]))
             rhs_at = index_expr([o, i, *window], [rst[ro], rst[ri], *(rst[d] for d in rs)])
-            product = f"{lhs.at(_sum(lhs_at))} * {rhs.at(rhs_at)}"
-            if conditions:
-                with emitter.block(f"if {' and '.join(conditions)}:"):
-                    emitter.emit(f"{acc} += {product}")
-            else:
-                emitter.emit(f"{acc} += {product}")
+            with emitter.when(conditions):
+                emitter.emit(f"{acc} += {lhs.at(_sum(lhs_at))} * {rhs.at(rhs_at)}")
 
         emitter.nest([per_group_in, *kernel], inner)
         emitter.emit(f"{out.at(index_expr(idx, ost))} = {acc}")

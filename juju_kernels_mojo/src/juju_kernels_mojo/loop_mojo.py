@@ -115,10 +115,44 @@ def strides(shape) -> list[int]:
     return out[::-1]
 
 
+def broadcast_strides(shape) -> list[int]:
+    """Row-major strides with 0 on size-1 axes: lax broadcasts those of an
+    equal-rank operand."""
+    return [0 if d == 1 else s for d, s in zip(shape, strides(shape))]
+
+
 def index_expr(indices, stride_list) -> str:
     terms = [i if s == 1 else f"{i} * {s}" for i, s in zip(indices, stride_list)
              if s != 0 and i != "0"]
     return " + ".join(terms) or "0"
+
+
+# --- reductions ------------------------------------------------------------------
+
+#: How each reduction combines two values, and its identity: a number, or
+#: "low"/"high" for the dtype's lowest/highest value (-inf/inf for floats).
+REDUCTIONS = {
+    **dict.fromkeys((P.reduce_sum_p, P.reduce_window_sum_p, P.cumsum_p), ("{a} + {b}", 0)),
+    **dict.fromkeys((P.reduce_prod_p, P.cumprod_p), ("{a} * {b}", 1)),
+    **dict.fromkeys((P.reduce_max_p, P.reduce_window_max_p, P.cummax_p),
+                    ("max_nan({a}, {b})", "low")),
+    **dict.fromkeys((P.reduce_min_p, P.reduce_window_min_p, P.cummin_p),
+                    ("min_nan({a}, {b})", "high")),
+    P.reduce_and_p: ("{a} & {b}", True), P.reduce_or_p: ("{a} | {b}", False),
+}
+
+
+def reduction_identity(init, dtype):
+    """The identity value of `REDUCTIONS`' `init` in `dtype`."""
+    dtype = np.dtype(dtype)
+    if not isinstance(init, str):
+        return init
+    if dtype.kind == "f":
+        return -np.inf if init == "low" else np.inf
+    if dtype == np.bool_:
+        return init == "high"
+    info = np.iinfo(dtype)
+    return info.min if init == "low" else info.max
 
 
 # --- elementwise expressions ------------------------------------------------------
@@ -286,25 +320,28 @@ def int_rem[dt: DType](a: Scalar[dt], b: Scalar[dt]) -> Scalar[dt]:
 
 
 @always_inline
+def libm_binary[f64: StaticString, f32: StaticString, dt: DType](
+    a: Scalar[dt], b: Scalar[dt]
+) -> Scalar[dt]:
+    # libm's function `f64` on float64, its float32 form `f32` otherwise.
+    comptime if dt == DType.float64:
+        return external_call[f64, Float64](a.cast[DType.float64](),
+                                           b.cast[DType.float64]()).cast[dt]()
+    else:
+        return external_call[f32, Float32](a.cast[DType.float32](),
+                                           b.cast[DType.float32]()).cast[dt]()
+
+
+@always_inline
 def float_rem[dt: DType](a: Scalar[dt], b: Scalar[dt]) -> Scalar[dt]:
     # C's fmod (XLA's frem): exact, the dividend's sign.
-    comptime if dt == DType.float64:
-        return external_call["fmod", Float64](a.cast[DType.float64](),
-                                              b.cast[DType.float64]()).cast[dt]()
-    else:
-        return external_call["fmodf", Float32](a.cast[DType.float32](),
-                                               b.cast[DType.float32]()).cast[dt]()
+    return libm_binary["fmod", "fmodf", dt](a, b)
 
 
 @always_inline
 def float_pow[dt: DType](a: Scalar[dt], b: Scalar[dt]) -> Scalar[dt]:
     # C's pow, as XLA's CPU backend calls it (Mojo's ** takes other paths).
-    comptime if dt == DType.float64:
-        return external_call["pow", Float64](a.cast[DType.float64](),
-                                             b.cast[DType.float64]()).cast[dt]()
-    else:
-        return external_call["powf", Float32](a.cast[DType.float32](),
-                                              b.cast[DType.float32]()).cast[dt]()
+    return libm_binary["pow", "powf", dt](a, b)
 
 
 @always_inline
@@ -322,12 +359,7 @@ def float_to_int[src: DType, dst: DType](x: Scalar[src]) -> Scalar[dst]:
 @always_inline
 def next_after[dt: DType](a: Scalar[dt], b: Scalar[dt]) -> Scalar[dt]:
     # C's nextafter (XLA's: denormal steps kept, NaN in gives NaN).
-    comptime if dt == DType.float64:
-        return external_call["nextafter", Float64](a.cast[DType.float64](),
-                                                   b.cast[DType.float64]()).cast[dt]()
-    else:
-        return external_call["nextafterf", Float32](a.cast[DType.float32](),
-                                                    b.cast[DType.float32]()).cast[dt]()
+    return libm_binary["nextafter", "nextafterf", dt](a, b)
 
 
 # lax.round: halves away from zero, or to even; the sign of zero kept.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from juju import primitives as P
-from juju_kernels_mojo.loop_mojo import Unsupported, index_expr
+from juju_kernels_mojo.loop_mojo import Unsupported, broadcast_strides, index_expr
 from juju_kernels_mojo.loop_mojo import strides as row_major
 from juju_kernels_mojo.loop_parts import (PER_PART, Parts, deinterleave, interleave, per_part,
                                           physical, scratch_parts)
@@ -86,8 +86,7 @@ def threefry2x32(emitter, prim, ins, outs, **params) -> None:
             if x.size == 1:
                 args.append(x.at("0"))
             else:
-                st = [0 if d == 1 else s for d, s in zip(x.shape, row_major(x.shape))]
-                args.append(x.at(index_expr(idx, st)))
+                args.append(x.at(index_expr(idx, broadcast_strides(x.shape))))
         pair = emitter.fresh("t")
         emitter.emit(f"var {pair} = threefry2x32({', '.join(args)})")
         emitter.emit(f"{x0.at(at)} = {pair}[0]")

@@ -1,45 +1,25 @@
 """Window reductions and cumulative reductions in generated loop kernels:
 lax.reduce_window_{sum,max,min} (padding, strides, base and window
 dilation, as XLA), the max/min pool's gradient (select_and_scatter_add) and
-cumsum/cumprod/cummax/cummin (one pass along the axis). distrax's coupling flows and rlax's returns are made of them.
+cumsum/cumprod/cummax/cummin (one pass along the axis). distrax's coupling
+flows and rlax's returns are made of them.
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 
 from juju import primitives as P
-from juju_kernels_mojo.loop_mojo import Unsupported, index_expr, literal
+from juju_kernels_mojo.loop_mojo import (REDUCTIONS, Unsupported, index_expr, literal,
+                                        reduction_identity)
 from juju_kernels_mojo.loop_mojo import strides as row_major
-
-#: (how two values combine, the identity: a number, or "low"/"high" for the
-#: dtype's lowest/highest value).
-_COMBINE = {
-    P.reduce_window_sum_p: ("{a} + {b}", 0), P.cumsum_p: ("{a} + {b}", 0),
-    P.cumprod_p: ("{a} * {b}", 1),
-    P.reduce_window_max_p: ("max_nan({a}, {b})", "low"), P.cummax_p: ("max_nan({a}, {b})", "low"),
-    P.reduce_window_min_p: ("min_nan({a}, {b})", "high"), P.cummin_p: ("min_nan({a}, {b})", "high"),
-}
-
-
-def _identity(init, dtype) -> str:
-    if not isinstance(init, str):
-        return literal(init, dtype)
-    if dtype.kind == "f":
-        return literal(-np.inf if init == "low" else np.inf, dtype)
-    if dtype == np.bool_:
-        return literal(init == "high", dtype)
-    info = np.iinfo(dtype)
-    return literal(info.min if init == "low" else info.max, dtype)
 
 
 def _combine(prim, dtype):
-    combine, init = _COMBINE[prim]
+    combine, init = REDUCTIONS[prim]
     if dtype == np.bool_ and "max_nan" not in combine and "min_nan" not in combine:
         raise Unsupported(f"{prim.name} of bool")
-    return combine, _identity(init, dtype)
+    return combine, literal(reduction_identity(init, dtype), dtype)
 
 
 def reduce_window(emitter, prim, ins, outs, *, window_dimensions, window_strides, padding,
@@ -66,9 +46,7 @@ def reduce_window(emitter, prim, ins, outs, *, window_dimensions, window_strides
                 terms.append(f"{coordinate} * {src[d]}" if src[d] != 1 else coordinate)
             at = " + ".join(terms) or "0"
             value = operand.at(f"({at})")
-            guard = emitter.block(f"if {' and '.join(conditions)}:") if conditions \
-                else contextlib.nullcontext()
-            with guard:
+            with emitter.when(conditions):
                 emitter.emit(f"{acc} = {combine.format(a=acc, b=value)}")
 
         emitter.nest(window_dimensions, inner)
@@ -108,9 +86,7 @@ def select_and_scatter_add(emitter, prim, ins, outs, *, select_prim, window_dime
                 conditions += checks
                 terms.append(f"{coordinate} * {src[d]}" if src[d] != 1 else coordinate)
             at = f"({' + '.join(terms) or '0'})"
-            guard = emitter.block(f"if {' and '.join(conditions)}:") if conditions \
-                else contextlib.nullcontext()
-            with guard:
+            with emitter.when(conditions):
                 value = operand.at(at)
                 with emitter.block(f"if {chosen} < 0 or not ({best} {test} {value}):"):
                     emitter.emit(f"{chosen} = {at}")
