@@ -255,15 +255,26 @@ CONTROL_FLOW = {name: case for name, case in control_flow.CASES.items()
                 if _generated_loops(*case) & {("mojo", "lower_scan"), ("mojo", "lower_while")}}
 
 
-@pytest.fixture(scope="module")
-def compiled():
+def lower_cases(cases) -> dict:
+    """name -> each case's `juju.jit(fn).lower(*args)` (float64 cases with x64)."""
     lowered = {}
-    for name, (fn, args) in CASES.items():
+    for name, (fn, args) in cases.items():
         with jax.enable_x64(_x64(name)):
             lowered[name] = juju.jit(fn).lower(*args)
+    return lowered
+
+
+def compile_lowered(lowered: dict) -> dict:
+    """name -> compiled, all in ONE MAX compilation."""
+    return dict(zip(lowered, juju.compile_all(list(lowered.values()))))
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    lowered = lower_cases(CASES)
     for name, (fn, args, kw) in CONTROL_FLOW.items():
         lowered["control_flow", name] = juju.jit(fn).lower(*args, **kw)
-    return dict(zip(lowered, juju.compile_all(list(lowered.values()))))
+    return compile_lowered(lowered)
 
 
 @pytest.mark.parametrize("name", list(CONTROL_FLOW))

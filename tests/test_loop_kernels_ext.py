@@ -21,7 +21,7 @@ from juju import primitives as P
 from juju_kernels_mojo.loop_codegen import Emitter, Unsupported
 from juju_kernels_mojo.loop_mojo import Array
 
-from tests.test_loop_kernels import _generated_loops, _x64
+from tests.test_loop_kernels import _generated_loops, _x64, compile_lowered, lower_cases
 from tests.util import assert_same
 
 rng = np.random.default_rng(45)
@@ -370,11 +370,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def compiled():
-    lowered = {}
-    for name, (fn, args) in CASES.items():
-        with jax.enable_x64(_x64(name)):
-            lowered[name] = juju.jit(fn).lower(*args)
-    return dict(zip(lowered, juju.compile_all(list(lowered.values()))))
+    return compile_lowered(lower_cases(CASES))
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from tests.test_loop_kernels import _generated_loops
+from tests.test_loop_kernels import _generated_loops, compile_lowered, lower_cases
 from tests.util import assert_same
 
 GENERATED = {("mojo", "lower_scan"), ("mojo", "lower_while")}
@@ -124,8 +124,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def compiled():
-    lowered = {name: juju.jit(fn).lower(*args) for name, (fn, args) in CASES.items()}
-    return dict(zip(lowered, juju.compile_all(list(lowered.values()))))
+    return compile_lowered(lower_cases(CASES))
 
 
 @pytest.mark.parametrize("name", list(CASES))

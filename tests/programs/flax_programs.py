@@ -30,10 +30,29 @@ def _tokens(seed, n=2, length=6, vocab=16):
 # --- linen -------------------------------------------------------------------
 
 
-@program("linen_cnn_train_step", "flax.linen", rtol=1e-4, atol=1e-5)
-def linen_cnn_train_step():
+def classifier_train_step(model, images, labels):
+    """A linen classifier's adam step on softmax cross-entropy, as flax's
+    tutorials write it, and its arguments (params, opt_state, images, labels)."""
     import jax
     import optax
+
+    params = model.init(jax.random.key(0), images)["params"]
+    tx = optax.adam(1e-3)
+
+    def train_step(params, opt_state, images, labels):
+        def loss_fn(params):
+            logits = model.apply({"params": params}, images)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return train_step, (params, tx.init(params), images, labels)
+
+
+@program("linen_cnn_train_step", "flax.linen", rtol=1e-4, atol=1e-5)
+def linen_cnn_train_step():
     from flax import linen as nn
 
     class CNN(nn.Module):
@@ -49,19 +68,7 @@ def linen_cnn_train_step():
 
     model = CNN()
     images, labels = _images(0)
-    params = model.init(jax.random.key(0), images)["params"]
-    tx = optax.adam(1e-3)
-
-    def train_step(params, opt_state, images, labels):
-        def loss_fn(params):
-            logits = model.apply({"params": params}, images)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = tx.update(grads, opt_state)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return train_step, (params, tx.init(params), images, labels)
+    return classifier_train_step(model, images, labels)
 
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tests.programs.flax_programs import classifier_train_step
 from tests.programs.registry import program
 
 # --- gymnax ------------------------------------------------------------------
@@ -232,8 +233,6 @@ def kv_cache_greedy_decode():
 
 @program("einops_flax_vit_train_step", "einops", rtol=1e-4, atol=1e-5)
 def einops_flax_vit_train_step():
-    import jax
-    import optax
     from einops import einsum, rearrange, reduce
     from flax import linen as nn
 
@@ -274,19 +273,7 @@ def einops_flax_vit_train_step():
     rng = np.random.default_rng(4)
     images = rng.normal(size=(4, 16, 16, 3)).astype(np.float32)
     labels = rng.integers(0, 10, size=(4,)).astype(np.int32)
-    params = model.init(jax.random.key(0), images)["params"]
-    tx = optax.adam(1e-3)
-
-    def train_step(params, opt_state, images, labels):
-        def loss_fn(params):
-            logits = model.apply({"params": params}, images)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = tx.update(grads, opt_state)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return train_step, (params, tx.init(params), images, labels)
+    return classifier_train_step(model, images, labels)
 
 
 # --- an S5-style diagonal SSM by `lax.associative_scan` ---------------------------
