@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from juju import primitives as P
+from juju._compat import ShapedArray, key_data_aval
 from juju_kernels_mojo.loop_mojo import Unsupported, broadcast_strides, index_expr
 from juju_kernels_mojo.loop_mojo import strides as row_major
 from juju_kernels_mojo.loop_parts import (PER_PART, Parts, deinterleave, interleave, per_part,
@@ -21,10 +22,6 @@ from juju_kernels_mojo.loop_parts import (PER_PART, Parts, deinterleave, interle
 
 def key_words(dtype) -> int:
     """How many uint32 words a key of `dtype` holds (2 for threefry)."""
-    from jax.core import ShapedArray
-
-    from juju._compat import key_data_aval
-
     data = key_data_aval(ShapedArray((), dtype))
     if np.dtype(data.dtype) != np.uint32 or len(data.shape) != 1:
         raise Unsupported(f"PRNG keys of {dtype}")
