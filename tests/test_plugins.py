@@ -200,6 +200,53 @@ def test_a_jaxpr_rewrite_that_raises_is_a_pack_error(clean_registry):
         juju.jit(lambda x: x + 2).lower(np.ones(3, np.float32))
 
 
+class _NumpyTanh:
+    """A program model computing tanh with numpy (a pack's `juju_program_runners`)."""
+
+    calls = 0
+
+    def execute(self, *buffers):
+        type(self).calls += 1
+        return [juju.buffers.host_buffer(np.tanh(juju.to_numpy(buffers[0])))]
+
+
+def _tanh_runner(closed_jaxpr, engine):
+    eqns = closed_jaxpr.jaxpr.eqns
+    return _NumpyTanh() if [e.primitive for e in eqns] == [P.tanh_p] else None
+
+
+def test_a_program_runner_runs_the_programs_it_takes(clean_registry):
+    _faulty_pack(juju_program_runners=lambda: [_tanh_runner])
+    x = np.linspace(-2, 2, 5, dtype=np.float32)
+    before = _NumpyTanh.calls
+    got = juju.jit(jnp.tanh, tiered=False)(x)
+    assert _NumpyTanh.calls == before + 1  # no MAX graph: the pack's model ran
+    assert_same(juju.to_numpy(got), np.asarray(jax.jit(jnp.tanh)(x)))
+    other = juju.jit(lambda v: v * 2.0, tiered=False)(x)  # not taken: a MAX graph
+    assert _NumpyTanh.calls == before + 1
+    assert_same(juju.to_numpy(other), x * 2.0)
+
+
+def test_a_program_runner_that_fails_names_its_pack_and_max_runs_the_program(
+        clean_registry, caplog):
+    def broken_runner(closed_jaxpr, engine):
+        raise ValueError("no such kernel")
+
+    _faulty_pack(juju_program_runners=lambda: [broken_runner, lambda jaxpr, engine: object()])
+    x = np.linspace(-2, 2, 5, dtype=np.float32)
+    with caplog.at_level("WARNING", logger="juju"):
+        got = juju.jit(jnp.cos, tiered=False)(x)
+    assert_same(juju.to_numpy(got), np.asarray(jax.jit(jnp.cos)(x)))
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "pack 'faulty'" in messages and "broken_runner" in messages
+    assert "no execute(*buffers)" in messages  # the object() model is refused too
+
+    _faulty_pack(juju_program_runners=lambda: ["not callable"])
+    with pytest.warns(RuntimeWarning, match="faulty"):
+        error = {p.name: p for p in plugins.packs()}["faulty"].error
+    assert isinstance(error, juju.PackError) and "juju_program_runners" in str(error)
+
+
 def test_a_rule_returning_none_is_a_lowering_error_naming_the_pack(clean_registry):
     def lower_forgot_to_return(ctx, x):
         ops.add(x, x)

@@ -14,8 +14,9 @@ class Executable:
     """A loaded MAX model plus how to feed it and rebuild the output pytree."""
 
     def __init__(self, model, in_dtypes, out_tree, coerces_to_jnp, device, out_key_impls=(),
-                 out_complex=(), in_nbytes=None):
+                 out_complex=(), in_nbytes=None, fresh_outputs=False):
         self.model = model
+        self.fresh_outputs = fresh_outputs  # never an input's memory (juju.direct's models)
         self.in_nbytes = in_nbytes  # bytes of each input buffer; None: shapes vary
         self.out_key_impls = out_key_impls  # (output index, PRNG impl) of key outputs
         self.out_complex = out_complex  # (output index, complex dtype): float pairs in MAX
@@ -33,7 +34,8 @@ class Executable:
         device = self.device
         buffers = [to_buffer(x, d, device) for x, d in zip(leaves, self.in_dtypes)]
         outs = self._execute(buffers)
-        unshare(outs, buffers, self.in_nbytes)
+        if not self.fresh_outputs:
+            unshare(outs, buffers, self.in_nbytes)
         if self.coerces_to_jnp:
             outs = to_jax_all(outs)
         for i, impl in self.out_key_impls:

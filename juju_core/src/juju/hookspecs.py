@@ -57,3 +57,22 @@ def juju_jaxpr_rewrites():
     Passes run in pack-name order, after tracing and before the rule check,
     once per traced signature. Collected with `juju_rules`.
     """
+
+
+@hookspec
+def juju_program_runners():
+    """Return runners of whole programs that need no MAX graph.
+
+    Returns an iterable of callables `runner(closed_jaxpr, engine)`. Before
+    compiling a program's MAX graph, juju asks each runner in pack-name order
+    (`juju.direct`); the first that returns a model, not None, runs the
+    program instead of a MAX model. A model has `execute(*buffers)` taking
+    the MAX buffers of the program's inputs (PRNG keys as their key data,
+    complex numbers as float pairs on a last axis) and returning a list of
+    new MAX buffers, one per output, on `engine.device` (never an input's
+    memory: an output that is an input is a copy); it must compute
+    what the program's graph would, and be safe to call from several threads
+    at once. A runner returns None for any program it cannot run so, may
+    build code (at compile time, in the compiling thread), and must not run
+    the program. Collected with `juju_rules`.
+    """

@@ -84,6 +84,7 @@ class _State:
     packs: list[PackInfo] = field(default_factory=list)
     libraries: dict[str, KernelLibrary] = field(default_factory=dict)
     rewrites: list[tuple[str, Callable]] = field(default_factory=list)
+    runners: list[tuple[str, Callable]] = field(default_factory=list)
     generation: int = 0
     extra: list[tuple[str, str, object]] = field(default_factory=list)
 
@@ -180,6 +181,13 @@ def jaxpr_rewrites_by_pack() -> list[tuple[str, Callable]]:
     return list(_state.rewrites)
 
 
+def program_runners_by_pack() -> list[tuple[str, Callable]]:
+    """(pack name, runner) for every loaded `juju_program_runners` runner,
+    in pack-name order."""
+    registry()
+    return list(_state.runners)
+
+
 def kernel_library(name: str) -> KernelLibrary:
     """The loaded kernel library called `name`; raises `PackLoadError` when
     no loaded pack provides it."""
@@ -235,6 +243,7 @@ def _build() -> None:
     rules: list[Rule] = []
     libraries: dict[str, KernelLibrary] = {}
     rewrites: list[tuple[str, Callable]] = []
+    runners: list[tuple[str, Callable]] = []
     for info in sorted(infos.values(), key=lambda i: i.name):
         if not info.loaded:
             continue
@@ -244,19 +253,21 @@ def _build() -> None:
             info.error = exc
             warnings.warn(str(exc), RuntimeWarning, stacklevel=3)
             continue
-        pack_rules, pack_libraries, pack_rewrites = provided
+        pack_rules, pack_libraries, pack_rewrites, pack_runners = provided
         info.rule_count = len(pack_rules)
         rules += stamp(pack_rules, info.name, info.version)
         for lib in pack_libraries:
             libraries[lib.name] = lib
             info.libraries.append(lib.name)
         rewrites += [(info.name, fn) for fn in pack_rewrites]
+        runners += [(info.name, fn) for fn in pack_runners]
 
     registry = Registry(rules, packs=list(infos.values()))
     for message in registry.conflicts.values():
         warnings.warn(f"juju: {message}", RuntimeWarning, stacklevel=3)
     _state.registry = registry
     _state.rewrites = rewrites
+    _state.runners = runners
     _state.packs = list(infos.values())
     _state.libraries = libraries
     _state.generation += 1
@@ -288,8 +299,9 @@ def _hook_results(pm, hook: str, info: PackInfo) -> list:
     return found
 
 
-def _collect(pm, info: PackInfo) -> tuple[list[Rule], list[KernelLibrary], list[Callable]]:
-    """A pack's rules, kernel libraries and rewrites, checked against the hookspecs."""
+def _collect(pm, info: PackInfo) -> tuple[list, list, list, list]:
+    """A pack's rules, kernel libraries, rewrites and program runners, checked
+    against the hookspecs."""
     rules = []
     for item in _hook_results(pm, "juju_rules", info):
         items = [item] if isinstance(item, Rule) else item
@@ -317,7 +329,14 @@ def _collect(pm, info: PackInfo) -> tuple[list[Rule], list[KernelLibrary], list[
                 f"pack '{info.name}' ({info.origin}): its juju_jaxpr_rewrites hook returned "
                 f"{_short(fn)}, not a callable rewrite(closed_jaxpr) -> closed_jaxpr"
             )
-    return rules, libraries, rewrites
+    runners = _hook_results(pm, "juju_program_runners", info)
+    for fn in runners:
+        if not callable(fn):
+            raise PackError(
+                f"pack '{info.name}' ({info.origin}): its juju_program_runners hook returned "
+                f"{_short(fn)}, not a callable runner(closed_jaxpr, engine) -> model or None"
+            )
+    return rules, libraries, rewrites, runners
 
 
 def kernel_library_path(name: str) -> os.PathLike:

@@ -23,6 +23,7 @@ from juju import plugins, tiers
 from juju._compat import api_boundary, is_complex_dtype, is_key_dtype, key_impl
 from juju.arguments import TracerSeen, input_nbytes, leaf_signature
 from juju.compile_pool import max_building
+from juju.direct import direct_model
 from juju.dtypes import is_symbolic_dim
 from juju.engine import Engine
 from juju.executable import Executable
@@ -302,26 +303,36 @@ def compile_all(lowered: Sequence[Lowered]) -> list[Compiled]:
 def load_executables(lowered: Sequence[Lowered]) -> list[Compiled]:
     """Compile (or load from the caches) each `Lowered` not yet in its jit
     cache, one MAX compilation per worker and engine, and put it there."""
+    pending = [low for low in lowered if low.key not in low.jit_function.executables]
+    models = {}  # index in pending -> its model; first those packs run (juju.direct)
+    for i, low in enumerate(pending):
+        model = direct_model(low.closed_jaxpr, low.jit_function.engine)
+        if model is not None:
+            models[i] = model
+    direct = set(models)  # their outputs are new buffers, never an input's
     with max_building():
-        pending = [low for low in lowered if low.key not in low.jit_function.executables]
-        graphs = [low.graph for low in pending]  # built once (`Lowered.graph`)
+        graphs = [None if i in models else low.graph  # built once (`Lowered.graph`)
+                  for i, low in enumerate(pending)]
     by_engine: dict[Engine, list[int]] = {}
     for i, low in enumerate(pending):
-        by_engine.setdefault(low.jit_function.engine, []).append(i)
+        if i not in models:
+            by_engine.setdefault(low.jit_function.engine, []).append(i)
     for engine, group in by_engine.items():
-        models = load_models(engine, [graphs[i] for i in group],
+        loaded = load_models(engine, [graphs[i] for i in group],
                              [describe(pending[i].jit_function.fun) for i in group])
-        for i, model in zip(group, models, strict=True):
-            low = pending[i]
-            fn = low.jit_function
-            if low.key in fn.executables:  # compiled meanwhile by another thread
-                continue
-            fn.compile_count += 1
-            fn.executables[low.key] = Executable(
-                model, low.in_dtypes, low.out_tree, fn.coerces_to_jnp, engine.device,
-                low.out_key_impls, low.out_complex, input_nbytes(low.closed_jaxpr),
-            )
-            low.__dict__.pop("_graph", None)  # compiled: free the MLIR (built again on demand)
+        models.update(zip(group, loaded, strict=True))
+    for i, model in sorted(models.items()):
+        low = pending[i]
+        fn = low.jit_function
+        if low.key in fn.executables:  # compiled meanwhile by another thread
+            continue
+        fn.compile_count += 1
+        fn.executables[low.key] = Executable(
+            model, low.in_dtypes, low.out_tree, fn.coerces_to_jnp, fn.engine.device,
+            low.out_key_impls, low.out_complex, input_nbytes(low.closed_jaxpr),
+            fresh_outputs=i in direct,
+        )
+        low.__dict__.pop("_graph", None)  # compiled: free the MLIR (built again on demand)
     return [Compiled(low, low.jit_function.executables[low.key]) for low in lowered]
 
 
