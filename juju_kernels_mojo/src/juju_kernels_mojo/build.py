@@ -1,4 +1,5 @@
-"""Building Mojo kernel packages into cached `.mojoc` files.
+"""Building Mojo kernel packages into cached `.mojoc` files (and generated
+programs into shared libraries).
 
 `build_kernel_library(source_dir, name)` runs `mojo precompile` from the
 installed `mojo` package (never a `mojo` found through the working directory)
@@ -39,7 +40,7 @@ log = logging.getLogger("juju")
 _lock = threading.Lock()
 _fallback_dir: Path | None = None  # this process's private folder, if the cache is unusable
 
-#: Seconds the last `mojo precompile` in this process took (None: cache hit).
+#: Seconds the last Mojo build in this process took (None: cache hit).
 last_build_seconds: float | None = None
 
 
@@ -105,20 +106,41 @@ def build_kernel_library(source_dir: os.PathLike | str, name: str) -> Path:
     first build takes seconds, later calls (any process) only hash the sources.
     Raises `juju.CompileError` with the compiler's output when the build fails.
     """
-    global last_build_seconds
-    if not name.isidentifier():
-        raise ValueError(
-            f"kernel library name {name!r} must be an identifier: it becomes the "
-            "Mojo package name"
-        )
-    source_dir = Path(source_dir).resolve()
+    source_dir = _checked_source(source_dir, name)
     if not (source_dir / "__init__.mojo").exists():
         raise FileNotFoundError(
             f"kernel library '{name}': {source_dir} is not a Mojo package "
             "(it needs an __init__.mojo, which may be empty)"
         )
+    return _cached_build(source_dir, name, f"{name}.mojoc",
+                         lambda out: ["precompile", str(source_dir), "-o", str(out)])
+
+
+def build_shared_library(source_dir: os.PathLike | str, name: str, main: str) -> Path:
+    """The shared library (`mojo build --emit shared-lib`) of the Mojo file
+    `main` in `source_dir`, built if needed and cached as `build_kernel_library`
+    caches packages; its `@export` functions are called through ctypes."""
+    source_dir = _checked_source(source_dir, name)
+    return _cached_build(source_dir, name, f"lib{name}.so",
+                         lambda out: ["build", "--emit", "shared-lib", str(source_dir / main),
+                                      "-o", str(out)])
+
+
+def _checked_source(source_dir, name: str) -> Path:
+    if not name.isidentifier():
+        raise ValueError(
+            f"kernel library name {name!r} must be an identifier: it becomes the "
+            "Mojo package name"
+        )
+    return Path(source_dir).resolve()
+
+
+def _cached_build(source_dir: Path, name: str, filename: str, command) -> Path:
+    """`filename` built by `mojo <command(output path)>` from `source_dir`,
+    from the cache when its sources' hash is there."""
+    global last_build_seconds
     digest = source_hash(source_dir)
-    relative = Path(toolchain_versions()) / f"{name}-{digest}" / f"{name}.mojoc"
+    relative = Path(toolchain_versions()) / f"{name}-{digest}" / filename
     with _lock:
         for folder in (cache_dir(), _fallback_dir):
             if folder is not None and (folder / relative).exists():
@@ -136,7 +158,7 @@ def build_kernel_library(source_dir: os.PathLike | str, name: str) -> Path:
             lock.acquire()
         try:
             if not target.exists():
-                last_build_seconds = _precompile(source_dir, target, name)
+                last_build_seconds = _build(source_dir, target, name, command)
             else:
                 last_build_seconds = None
         finally:
@@ -158,17 +180,18 @@ def _run_mojo(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
         raise CompileError(f"cannot run the Mojo compiler: {exc}") from exc
 
 
-def _precompile(source_dir: Path, target: Path, name: str) -> float:
-    # The .mojoc records its Mojo package name from the output file's name, so
-    # build `<name>.mojoc` in a private directory and rename it into place.
+def _build(source_dir: Path, target: Path, name: str, command) -> float:
+    # A .mojoc records its Mojo package name from the output file's name, so
+    # build `target.name` in a private directory and rename it into place.
     tmp_dir = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
     tmp = tmp_dir / target.name
     start = time.perf_counter()
     try:
-        proc = _run_mojo(["precompile", str(source_dir), "-o", str(tmp)], cwd=tmp_dir)
+        args = command(tmp)
+        proc = _run_mojo(args, cwd=tmp_dir)
         if proc.returncode != 0 or not tmp.exists():
             raise CompileError(
-                f"mojo precompile of kernel library '{name}' ({source_dir}) failed "
+                f"mojo {args[0]} of kernel library '{name}' ({source_dir}) failed "
                 f"with exit code {proc.returncode}:\n{(proc.stderr or proc.stdout).strip()}"
             )
         os.replace(tmp, target)  # atomic: readers see no file or a whole one

@@ -966,10 +966,15 @@ class LoopKernel:
     work: int
 
 
-def loop_source(prim, params, in_avals, out_avals, name: str) -> LoopKernel:
+def loop_source(prim, params, in_avals, out_avals, name: str,
+                native: bool = False) -> LoopKernel:
     """The Mojo source of a kernel `name` computing one loop equation.
 
-    Every operand and result is passed flat (rank 1). Raises `Unsupported`.
+    Every operand and result is passed flat (rank 1). By default the kernel
+    is a MAX custom op; `native=True` writes it as a C function `name(args)`
+    instead, `args` the data pointers of the operands, then of the consts,
+    then of the results, returning 0 (`native_programs` calls it). Raises
+    `Unsupported`.
     """
     e = Emitter()
     for a in (*in_avals, *out_avals):
@@ -993,20 +998,37 @@ def loop_source(prim, params, in_avals, out_avals, name: str) -> LoopKernel:
     for out, result in zip(outs, results):
         if out is not result:
             loop_parts.interleave(e, out, result)
-    args = [f"        o{i}: OutputTensor[dtype={mojo_dtype(a.dtype)}, rank=1, ...],"
-            for i, a in enumerate(out_data)]
     inputs = [*in_data, *e.consts]
-    args += [f"        i{i}: InputTensor[dtype={mojo_dtype(a.dtype)}, rank=1, ...],"
-             for i, a in enumerate(inputs)]
-    pointers = [f"var r{i} = o{i}.unsafe_ptr()" for i in range(len(out_avals))]
-    pointers += [f"var a{i} = i{i}.unsafe_ptr()" for i in range(len(in_avals))]
-    pointers += [f"var c{k} = i{len(in_avals) + k}.unsafe_ptr()" for k in range(len(e.consts))]
     indent = "        "
+    if native:
+        entry = _native_entry(name, inputs, out_data, len(in_avals))
+    else:
+        entry = _custom_op_entry(name, inputs, out_data, len(in_avals))
     source = "\n".join([
         PRELUDE,
         loop_random.PRELUDE,
         loop_sort.PRELUDE,
         "",
+        *entry,
+        # XLA's and MAX's CPU kernels read and write denormals as zeros.
+        indent + "with FlushDenormals():",
+        *(indent + "    " + line for line in e.decls()),
+        *e.lines,
+        *([] if not native else ["    except:", "        return 1", "    return 0"]),
+        "",
+    ])
+    return LoopKernel(name, source, tuple(e.consts), e.work)
+
+
+def _custom_op_entry(name: str, inputs, outputs, operands: int) -> list[str]:
+    """A MAX custom op's header, its pointers set, up to its body."""
+    args = [f"        o{i}: OutputTensor[dtype={mojo_dtype(a.dtype)}, rank=1, ...],"
+            for i, a in enumerate(outputs)]
+    args += [f"        i{i}: InputTensor[dtype={mojo_dtype(a.dtype)}, rank=1, ...],"
+             for i, a in enumerate(inputs)]
+    pointers = [f"var r{i} = o{i}.unsafe_ptr()" for i in range(len(outputs))]
+    pointers += [f"var {_input_name(i, operands)} = i{i}.unsafe_ptr()" for i in range(len(inputs))]
+    return [
         f'@register("{name}")',
         f"struct Loop_{name}:",
         "    @staticmethod",
@@ -1015,11 +1037,25 @@ def loop_source(prim, params, in_avals, out_avals, name: str) -> LoopKernel:
         "        ctx: DeviceContext,",
         "    ) raises:",
         f'        comptime assert target == "cpu", "{name}: CPU only"',
-        *(indent + line for line in pointers),
-        # XLA's and MAX's CPU kernels read and write denormals as zeros.
-        indent + "with FlushDenormals():",
-        *(indent + "    " + line for line in e.decls()),
-        *e.lines,
-        "",
-    ])
-    return LoopKernel(name, source, tuple(e.consts), e.work)
+        *("        " + line for line in pointers),
+    ]
+
+
+def _native_entry(name: str, inputs, outputs, operands: int) -> list[str]:
+    """A C function's header, its pointers set from `args`, up to its body
+    (which `try` wraps: nothing may raise through a C caller)."""
+    slots = [(_input_name(i, operands), a) for i, a in enumerate(inputs)]
+    slots += [(f"r{i}", a) for i, a in enumerate(outputs)]
+    return [
+        "@export",
+        f"def {name}(args: UnsafePointer[UnsafePointer[NoneType, MutAnyOrigin], MutAnyOrigin]"
+        ") abi(\"C\") -> Int32:",
+        *(f"    var {var} = args[unsafe_offset={k}].unsafe_bitcast[Scalar[{mojo_dtype(a.dtype)}]]()"
+          for k, (var, a) in enumerate(slots)),
+        "    try:",
+    ]
+
+
+def _input_name(index: int, operands: int) -> str:
+    """The body's name of input `index`: an operand `a<i>`, then the consts `c<k>`."""
+    return f"a{index}" if index < operands else f"c{index - operands}"

@@ -110,16 +110,23 @@ def within_limits(draft: LoopKernel, max_work: int = MAX_WORK) -> bool:
 
 def _library(kernel: LoopKernel) -> Path:
     """The built `.mojoc` of a generated kernel (cached by source hash)."""
+    folder = source_folder(kernel.name, {"__init__.mojo": "", "loop.mojo": kernel.source})
+    return build_kernel_library(folder, kernel.name)
+
+
+def source_folder(name: str, files: dict[str, str]) -> Path:
+    """A folder `name`, in this process's temporary folder, holding `files`
+    (name -> text): a generated kernel's sources, to build."""
     global _source_root
     with _lock:
         if _source_root is None:
             _source_root = Path(tempfile.mkdtemp(prefix="juju-loops-"))
             atexit.register(shutil.rmtree, _source_root, ignore_errors=True)
-        folder = _source_root / kernel.name
+        folder = _source_root / name
         folder.mkdir(exist_ok=True)
-        (folder / "__init__.mojo").write_text("")
-        (folder / "loop.mojo").write_text(kernel.source)
-    return build_kernel_library(folder, kernel.name)
+        for filename, text in files.items():
+            (folder / filename).write_text(text)
+    return folder
 
 
 def generated(ctx) -> bool:

@@ -40,9 +40,12 @@ from juju_kernels_mojo.loop_codegen import Emitter, Unsupported, loop_source
 #: is at most WORK_PER_EQUATION (convolutions count double: scalar loops).
 PROGRAM_MAX_WORK = 1 << 18
 WORK_PER_EQUATION = 4096
-#: Programs with fewer equations stay MAX graphs: MAX's per-op cost is small
-#: next to a call's, and a kernel costs a Mojo build at the first call.
-MIN_EQUATIONS = 8
+#: Runs of fewer equations (those in branches and calls included) between
+#: MAX ops stay MAX ops (islands): each island is a custom op of its own. A
+#: whole program of any size is one kernel where the generator takes it: it
+#: then runs without MAX's runtime (`native_programs`, ~25 us less a call),
+#: and its Mojo build (~3 s) costs less than a MAX graph's compile (~10 s).
+ISLAND_MIN_EQUATIONS = 8
 #: Largest value (elements) an island between MAX ops may compute. Islands
 #: are opt-in: on the flax CNN step they gave 2.42x -> 1.59x jax.jit, but
 #: haiku's ResNet block went from 1.88x to 5.7x (2.89x with this cap), not yet
@@ -60,9 +63,13 @@ def work_limit(call_jaxpr) -> int:
 
 def _equation_count(jaxpr) -> int:
     """Equations, those of called jaxprs included (each a MAX op or more)."""
+    return _op_count(jaxpr.eqns)
+
+
+def _op_count(eqns) -> int:
     return sum(1 + sum(_equation_count(open_jaxpr(sub)) for sub in sub_jaxprs_of_params(e.params)
                        if e.primitive not in (P.while_p, P.scan_p))
-               for e in jaxpr.eqns)
+               for e in eqns)
 
 
 loop_rules.WORK_LIMITS[program_p] = lambda params: work_limit(params["call_jaxpr"])
@@ -95,18 +102,18 @@ def islands_enabled() -> bool:
 
 def rewrite(closed: ClosedJaxpr) -> ClosedJaxpr:
     """`closed` as one `mojo_program` equation where the generator takes it
-    whole; else, with islands on, each run of at least `MIN_EQUATIONS`
+    whole; else, with islands on, each run of at least `ISLAND_MIN_EQUATIONS`
     consecutive equations it takes (an island between, say, convolutions) as
     one; else `closed`."""
     jaxpr = closed.jaxpr
-    if not enabled() or jaxpr.effects or len(jaxpr.eqns) < MIN_EQUATIONS:
+    if not enabled() or jaxpr.effects or not jaxpr.eqns:
         return closed
-    eqns = _island(jaxpr, 0, len(jaxpr.eqns))
+    eqns = _island(jaxpr, 0, len(jaxpr.eqns), 1)
     if eqns is None and islands_enabled():
         eqns, done = [], 0
         for start, stop in _runs(jaxpr):
             eqns += jaxpr.eqns[done:start]  # the equations between runs: MAX ops
-            eqns += _island(jaxpr, start, stop) or jaxpr.eqns[start:stop]
+            eqns += _island(jaxpr, start, stop, ISLAND_MIN_EQUATIONS) or jaxpr.eqns[start:stop]
             done = stop
         eqns += jaxpr.eqns[done:]
     if eqns is None or len(eqns) == len(jaxpr.eqns):
@@ -114,12 +121,12 @@ def rewrite(closed: ClosedJaxpr) -> ClosedJaxpr:
     return ClosedJaxpr(jaxpr.replace(eqns=eqns), closed.consts)
 
 
-def _island(jaxpr, start: int, stop: int) -> list | None:
+def _island(jaxpr, start: int, stop: int, min_equations: int) -> list | None:
     """Equations `start:stop` of `jaxpr` as `mojo_program` equations (halved
-    until each is within `loop_rules`' limits), or None where the generator
-    refuses them."""
+    until each is within `loop_rules`' limits), or None where they are fewer
+    than `min_equations` or the generator refuses them."""
     run = jaxpr.eqns[start:stop]
-    if len(run) < MIN_EQUATIONS:
+    if _op_count(run) < min_equations:
         return None
     defined = {v for e in run for v in e.outvars}
     inputs = list(dict.fromkeys(v for e in run for v in e.invars
@@ -137,7 +144,8 @@ def _island(jaxpr, start: int, stop: int) -> list | None:
         if not islands_enabled():  # halves of a program are islands too
             return None
         middle = (start + stop) // 2
-        halves = _island(jaxpr, start, middle), _island(jaxpr, middle, stop)
+        halves = (_island(jaxpr, start, middle, ISLAND_MIN_EQUATIONS),
+                  _island(jaxpr, middle, stop, ISLAND_MIN_EQUATIONS))
         if halves == (None, None):
             return None
         return ((halves[0] or jaxpr.eqns[start:middle]) + (halves[1] or jaxpr.eqns[middle:stop]))
