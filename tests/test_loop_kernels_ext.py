@@ -336,6 +336,17 @@ def _sort_rows():
     return x, k
 
 
+def _long_sort_rows():
+    """Rows of 70 along axis 1 (merge-sorted: longer than INSERTION_ROW),
+    with the specials of _sort_rows spread over them."""
+    x = normal(2, 4, 70)
+    x[0, 0, :6] = [np.nan, 1.0, -np.nan, -0.0, 0.0, -np.inf]
+    x[0, 1, ::7] = [0.0, -0.0, 0.0, -0.0, 2.0, 2.0, 0.0, -0.0, 2.0, np.nan]
+    x[1, 2, 60:] = [3.0, 3.0, 3.0, -1.0, np.inf, np.nan, 3.0, -0.0, 0.0, -np.inf]
+    k = rng.integers(-2, 3, size=(2, 4, 70)).astype(np.int32)
+    return x, k
+
+
 def _window_rows():
     x = normal(2, 4, 6)
     x[0, 1, 2], x[0, 2, 4], x[1, 0, 0] = np.nan, -0.0, 0.0
@@ -349,6 +360,7 @@ CASES = {
     "windows": (windows, _window_rows()),
     "rounding": (rounding, (ROUNDING,)),
     "sorting": (sorting, _sort_rows()),
+    "long_sorting": (sorting, _long_sort_rows()),
     "complex_numbers": (complex_numbers, _complex_rows()),
     "convolutions": (convolutions, (normal(2, 2, 6, 5, 3), normal(3, 2, 3, 4), normal(4, 2, 3, 2),
                                     normal(2, 2, 4, 5, 4))),

@@ -1,8 +1,9 @@
-"""lax.sort in generated kernels: a stable insertion sort of each row along
-the sorted dimension, for the short rows small programs sort (eigenvalues,
-a handful of candidates). Keys compare as jax's comparator does: -0.0
-equals 0.0, every NaN equals every other and sorts last; several keys
-compare lexicographically; the other operands move with them.
+"""lax.sort in generated kernels: a stable sort of each row along the
+sorted dimension. Short rows (eigenvalues, a handful of candidates) are
+insertion-sorted in place; longer ones, up to MAX_ROW, are merge-sorted as a
+permutation that then moves every operand. Keys compare as jax's comparator
+does: -0.0 equals 0.0, every NaN equals every other and sorts last; several
+keys compare lexicographically; the other operands move with them.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from juju import primitives as P
 from juju_kernels_mojo.loop_mojo import Unsupported, index_expr
 from juju_kernels_mojo.loop_mojo import strides as row_major
 
-#: Rows longer than this stay with the sort kernel of the MAX graph (an
-#: insertion sort does n^2 / 2 comparisons).
-MAX_ROW = 64
+#: Rows up to this length are insertion-sorted (n^2 / 2 comparisons, no
+#: scratch); longer ones are merge-sorted.
+INSERTION_ROW = 64
+#: Rows longer than this stay with the sort kernel of the MAX graph.
+MAX_ROW = 4096
 
 
 def sort(emitter, prim, ins, outs, *, dimension, is_stable, num_keys) -> None:
@@ -25,6 +28,9 @@ def sort(emitter, prim, ins, outs, *, dimension, is_stable, num_keys) -> None:
         raise Unsupported(f"sort of rows of {n} elements")
     if any(x.dtype == np.uint64 for x in ins[:num_keys]):
         raise Unsupported("sort by uint64 keys")
+    if n > INSERTION_ROW and outs[0].size:
+        _merge_sort(emitter, ins, outs, dimension, num_keys)
+        return
     for src, dst in zip(ins, outs, strict=True):
         emitter.copy(src, dst)
     if n <= 1 or not outs[0].size:
@@ -61,6 +67,70 @@ def sort(emitter, prim, ins, outs, *, dimension, is_stable, num_keys) -> None:
 
     emitter.nest(outer, body)
     emitter.work += outs[0].size * n
+
+
+def _merge_sort(emitter, ins, outs, dimension: int, num_keys: int) -> None:
+    """Each row's stable order by a bottom-up merge sort of positions (a
+    later element is taken first only when its keys are strictly less),
+    then every operand gathered in that order."""
+    shape = ins[0].shape
+    n = shape[dimension]
+    st = row_major(shape)
+    step = st[dimension]
+    outer = [1 if d == dimension else size for d, size in enumerate(shape)]
+    order, scratch = emitter.fresh("order"), emitter.fresh("scratch")
+    for name in (order, scratch):
+        emitter.emit(f"var {name}_list = List[Int](length={n}, fill=0)")
+        emitter.emit(f"var {name} = {name}_list.unsafe_ptr()")
+
+    def at(base: str, position: str) -> str:
+        return f"{base} + {position} * {step}" if step != 1 else f"{base} + {position}"
+
+    def body(idx):
+        base = emitter.fresh("row")
+        emitter.emit(f"var {base} = {index_expr(idx, st)}")
+        i, width, lo = emitter.fresh("i"), emitter.fresh("width"), emitter.fresh("lo")
+        with emitter.block(f"for {i} in range({n}):"):
+            emitter.emit(f"{order}[unsafe_offset={i}] = {i}")
+        emitter.emit(f"var {width} = 1")
+        with emitter.block(f"while {width} < {n}:"):
+            emitter.emit(f"var {lo} = 0")
+            with emitter.block(f"while {lo} < {n}:"):
+                mid, hi, a, b, k = (emitter.fresh(x) for x in ("mid", "hi", "a", "b", "k"))
+                emitter.emit(f"var {mid} = min({lo} + {width}, {n})")
+                emitter.emit(f"var {hi} = min({lo} + 2 * {width}, {n})")
+                emitter.emit(f"var {a} = {lo}")
+                emitter.emit(f"var {b} = {mid}")
+                with emitter.block(f"for {k} in range({lo}, {hi}):"):
+                    take = emitter.fresh("take_b")
+                    emitter.emit(f"var {take} = {a} >= {mid}")
+                    with emitter.block(f"if not {take} and {b} < {hi}:"):
+                        keys = []
+                        for key in range(num_keys):
+                            ka, kb = emitter.fresh("ka"), emitter.fresh("kb")
+                            pa = at(base, f"{order}[unsafe_offset={a}]")
+                            pb = at(base, f"{order}[unsafe_offset={b}]")
+                            emitter.emit(f"var {ka} = sort_key({ins[key].at(pa)})")
+                            emitter.emit(f"var {kb} = sort_key({ins[key].at(pb)})")
+                            keys.append((kb, ka))
+                        emitter.emit(f"{take} = {_less(keys)}")
+                    with emitter.block(f"if {take}:"):
+                        emitter.emit(f"{scratch}[unsafe_offset={k}] = {order}[unsafe_offset={b}]")
+                        emitter.emit(f"{b} += 1")
+                    with emitter.block("else:"):
+                        emitter.emit(f"{scratch}[unsafe_offset={k}] = {order}[unsafe_offset={a}]")
+                        emitter.emit(f"{a} += 1")
+                emitter.emit(f"{lo} += 2 * {width}")
+            with emitter.block(f"for {i}_copy in range({n}):"):
+                emitter.emit(f"{order}[unsafe_offset={i}_copy] = {scratch}[unsafe_offset={i}_copy]")
+            emitter.emit(f"{width} *= 2")
+        with emitter.block(f"for {i}_out in range({n}):"):
+            source = at(base, f"{order}[unsafe_offset={i}_out]")
+            for src, dst in zip(ins, outs, strict=True):
+                emitter.emit(f"{dst.at(at(base, f'{i}_out'))} = {src.at(source)}")
+
+    emitter.nest(outer, body)
+    emitter.work += outs[0].size * max(1, (n - 1).bit_length())
 
 
 def _less(keys) -> str:
