@@ -1,7 +1,9 @@
 """lax.conv_general_dilated in generated kernels: a direct convolution
 (any dimension numbers, strides, padding, lhs and rhs dilation, feature
 groups), as small CNN training steps need it, forward and both gradients.
-Larger convolutions exceed `loop_rules.MAX_WORK` and stay MAX's.
+Where the output features are contiguous in the output and the kernel
+(NHWC/HWIO), each multiply-add is a SIMD vector of them. Larger
+convolutions exceed `loop_rules.MAX_WORK` and stay MAX's.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import math
 
 from juju import primitives as P
-from juju_kernels_mojo.loop_mojo import Unsupported, index_expr, literal
+from juju_kernels_mojo.loop_mojo import VECTOR_BYTES, Unsupported, index_expr, literal, mojo_dtype
 from juju_kernels_mojo.loop_mojo import strides as row_major
 from juju_kernels_mojo.loop_windows import window_coordinate
 
@@ -40,10 +42,10 @@ def conv_general_dilated(emitter, prim, ins, outs, *, window_strides, padding, l
     per_group_out = out.shape[of] // feature_group_count
     kernel = [rhs.shape[d] for d in rs]
 
-    def body(idx):
+    def accumulate(idx, acc, add) -> None:
+        """`add(lhs element, rhs position)` for every input feature and
+        kernel position feeding output `idx` (its padding skipped)."""
         n, o = idx[ob], idx[of]
-        acc = emitter.fresh("acc")
-        emitter.emit(f"var {acc} = {literal(0, out.dtype)}")
         first = "0"
         if feature_group_count != 1:
             first = emitter.fresh("f")
@@ -61,14 +63,46 @@ def conv_general_dilated(emitter, prim, ins, outs, *, window_strides, padding, l
                 lhs_at.append(_term(coordinate, lst[ls[d]]))
             rhs_at = index_expr([o, i, *window], [rst[ro], rst[ri], *(rst[d] for d in rs)])
             with emitter.when(conditions):
-                emitter.emit(f"{acc} += {lhs.at(_sum(lhs_at))} * {rhs.at(rhs_at)}")
+                emitter.emit(add(lhs.at(_sum(lhs_at)), rhs_at))
 
         emitter.nest([per_group_in, *kernel], inner)
+
+    def scalar(idx):
+        acc = emitter.fresh("acc")
+        emitter.emit(f"var {acc} = {literal(0, out.dtype)}")
+        accumulate(idx, acc, lambda x, at: f"{acc} += {x} * {rhs.at(at)}")
         emitter.emit(f"{out.at(index_expr(idx, ost))} = {acc}")
 
-    emitter.nest(out.shape, body)
-    # Scalar multiply-adds: counted twice against vectorized element operations.
-    emitter.work += 2 * out.size * per_group_in * math.prod(kernel)
+    width = VECTOR_BYTES // out.dtype.itemsize
+    features = out.shape[of]
+    vectorized = feature_group_count == 1 and ost[of] == 1 and rst[ro] == 1 and features >= width
+    if not vectorized:
+        emitter.nest(out.shape, scalar)
+    else:
+        # Output features contiguous in both the output and the kernel (NHWC
+        # and HWIO, as flax and haiku lay them out): a SIMD vector of them
+        # per multiply-add, the remainder one by one.
+        vector_type = f"SIMD[{mojo_dtype(out.dtype)}, {width}]"
+        main = features - features % width
+
+        def vectors(idx):
+            chunk = emitter.fresh("o")
+            with emitter.block(f"for {chunk} in range(0, {main}, {width}):"):
+                at = [chunk if d == of else i for d, i in enumerate(idx)]
+                acc = emitter.fresh("acc")
+                emitter.emit(f"var {acc} = {vector_type}(0)")
+                accumulate(at, acc,
+                           lambda x, position: f"{acc} += {vector_type}({x}) * "
+                                               f"{rhs.load(position, width)}")
+                emitter.emit(out.store(index_expr(at, ost), acc))
+            if main < features:
+                rest = emitter.fresh("o")
+                with emitter.block(f"for {rest} in range({main}, {features}):"):
+                    scalar([rest if d == of else i for d, i in enumerate(idx)])
+
+        emitter.nest([1 if d == of else size for d, size in enumerate(out.shape)], vectors)
+    # Scalar multiply-adds count twice against vectorized element operations.
+    emitter.work += (1 if vectorized else 2) * out.size * per_group_in * math.prod(kernel)
 
 
 def _term(index: str, stride: int) -> str:

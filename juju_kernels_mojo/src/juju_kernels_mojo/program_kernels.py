@@ -37,7 +37,9 @@ from juju_kernels_mojo.loop_codegen import Emitter, Unsupported, loop_source
 #: vectorized one) 0.57 / 0.22 / 0.29, and haiku's ResNet block (240, 830k,
 #: mostly scalar convolution loops) 0.95 / 0.89 / 0.47. So a program is one
 #: kernel up to PROGRAM_MAX_WORK, and beyond that while its work per equation
-#: is at most WORK_PER_EQUATION (convolutions count double: scalar loops).
+#: is at most WORK_PER_EQUATION (convolutions count double where they are
+#: scalar loops). With SIMD convolutions (NHWC/HWIO) haiku's block is one
+#: kernel: 0.41 ms, against 0.70 with scalar ones and jax.jit's 0.30-0.40.
 PROGRAM_MAX_WORK = 1 << 18
 WORK_PER_EQUATION = 4096
 #: Runs of fewer equations (those in branches and calls included) between
