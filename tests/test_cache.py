@@ -78,8 +78,10 @@ PROGRAM = textwrap.dedent(
 
 def run(cache_dir: Path, shapes: int = 1, read_only: Path | None = None, **env) -> dict:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("JUJU_")}
-    # Not tiered: the program must wait for its MAX compile (tests/conftest.py).
-    environment.update(JUJU_CACHE_DIR=str(cache_dir), JUJU_TIERED="0", **env)
+    # Not tiered: the program must wait for its MAX compile (tests/conftest.py);
+    # a MAX graph, not a native program kernel (which MAX's cache never sees).
+    environment.update(JUJU_CACHE_DIR=str(cache_dir), JUJU_TIERED="0", JUJU_PROGRAM_KERNELS="0",
+                       **env)
     if read_only is not None and os.geteuid() == 0:
         environment.update(TEST_READ_ONLY=str(read_only), TEST_SIMULATION=SIMULATE_READ_ONLY)
     result = subprocess.run([sys.executable, "-c", PROGRAM, str(shapes)], capture_output=True,
