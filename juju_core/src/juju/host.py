@@ -405,17 +405,18 @@ class StagedExecutable:
         self.out_tree = out_tree
         self.out_avals = out_avals
         self.coerces_to_jnp = coerces_to_jnp
+        self._keys = [is_key_dtype(a.dtype) for a in out_avals]  # read on every call
 
     def run(self, leaves):
         leaves = list(leaves)
         outs = self.plan.run(leaves)
-        return tree_util.tree_unflatten(
-            self.out_tree, [self._output(o, a, leaves) for o, a in zip(outs, self.out_avals)])
+        return tree_util.tree_unflatten(self.out_tree, [
+            self._output(o, a, leaves, k) for o, a, k in zip(outs, self.out_avals, self._keys)])
 
-    def _output(self, value, aval, leaves):
-        if is_key_dtype(aval.dtype):
+    def _output(self, value, aval, leaves, is_key):
+        if is_key:
             return value  # a jax key array (immutable)
-        if isinstance(value, max_driver().Buffer) and not any(value is x for x in leaves):
+        if isinstance(value, max_driver().Buffer) and all(value is not x for x in leaves):
             return to_jax(value) if self.coerces_to_jnp else value  # a segment's own result
         array = np.array(_host_value(value, aval), _numpy_dtype(aval))  # a fresh copy
         if self.coerces_to_jnp or is_complex_dtype(aval.dtype):
