@@ -110,7 +110,11 @@ def to_numpy(value) -> np.ndarray:
         return np.asarray(value)
     dtype = numpy_dtype_of(value.dtype.name)
     if dtype.kind != "V":
-        return value.to_numpy()
+        try:  # Buffer.to_numpy's checks cost ~0.4 us more (results are read per call)
+            array = np.from_dlpack(value)
+        except RuntimeError:  # device memory: MAX copies it to the host
+            return value.to_numpy()
+        return array if array.flags.writeable else array.copy()
     carrier = _UINT_OF_SIZE[dtype.itemsize]
     return value.view(max_dtype_of(np.dtype(carrier)), value.shape).to_numpy().view(dtype)
 
