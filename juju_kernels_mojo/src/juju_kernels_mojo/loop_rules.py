@@ -55,28 +55,37 @@ WORK_LIMITS: dict = {}
 
 _NAME = "juju_loop_KERNEL_HASH"
 _lock = threading.Lock()
-_kernels: OrderedDict = OrderedDict()  # id(eqn) -> (eqn, kernel or None): guard, then rule
+_kernels: OrderedDict = OrderedDict()  # id(eqn) -> [eqn, kernel or None, built library]
 _source_root: Path | None = None
 
 
-def _kernel_for(ctx) -> tuple[LoopKernel, Path] | None:
-    """The generated kernel for ctx's loop and its built library, or None
-    where lax's rule stays."""
+def _kernel_for(ctx, build: bool = True) -> tuple[LoopKernel, Path | None] | None:
+    """The generated kernel for ctx's loop and, with `build`, its built
+    library; None where lax's rule stays (no kernel, or it failed to build)."""
     key = id(ctx.eqn)
     with _lock:
         hit = _kernels.get(key)
-        if hit is not None and hit[0] is ctx.eqn:
-            return hit[1]
-    enabled = os.environ.get("JUJU_LOOP_KERNELS", "1") != "0"
-    found = _generate(ctx) if enabled and ctx.device.is_cpu() else None
-    with _lock:
-        _kernels[key] = (ctx.eqn, found)
-        while len(_kernels) > 256:
-            _kernels.popitem(last=False)
-    return found
+    if hit is None or hit[0] is not ctx.eqn:
+        enabled = os.environ.get("JUJU_LOOP_KERNELS", "1") != "0"
+        hit = [ctx.eqn, _generate(ctx) if enabled and ctx.device.is_cpu() else None, None]
+        with _lock:
+            _kernels[key] = hit
+            while len(_kernels) > 256:
+                _kernels.popitem(last=False)
+    kernel = hit[1]
+    if kernel is None or not build or hit[2] is not None:
+        return None if kernel is None else (kernel, hit[2])
+    try:
+        hit[2] = _library(kernel)
+    except CompileError as exc:  # a generator bug: the loop still runs, as a MAX loop
+        log.warning("juju: the generated kernel for a %s failed to build; using MAX's loop "
+                    "instead. Please report it with this message:\n%s", ctx.eqn.primitive, exc)
+        hit[1] = None
+        return None
+    return kernel, hit[2]
 
 
-def _generate(ctx) -> tuple[LoopKernel, Path] | None:
+def _generate(ctx) -> LoopKernel | None:
     try:
         draft = loop_source(ctx.eqn.primitive, ctx.eqn.params, ctx.avals_in, ctx.avals_out,
                             _NAME)
@@ -88,13 +97,7 @@ def _generate(ctx) -> tuple[LoopKernel, Path] | None:
         return None
     digest = hashlib.sha256(draft.source.encode()).hexdigest()[:16]
     name = _NAME.replace("KERNEL_HASH", digest)
-    kernel = LoopKernel(name, draft.source.replace(_NAME, name), draft.consts, draft.work)
-    try:
-        return kernel, _library(kernel)
-    except CompileError as exc:  # a generator bug: the loop still runs, as a MAX loop
-        log.warning("juju: the generated kernel for a %s failed to build; using MAX's loop "
-                    "instead. Please report it with this message:\n%s", ctx.eqn.primitive, exc)
-        return None
+    return LoopKernel(name, draft.source.replace(_NAME, name), draft.consts, draft.work)
 
 
 def within_limits(draft: LoopKernel, max_work: int = MAX_WORK) -> bool:
@@ -130,7 +133,9 @@ def source_folder(name: str, files: dict[str, str]) -> Path:
 
 
 def generated(ctx) -> bool:
-    return _kernel_for(ctx) is not None
+    # Selecting rules only (ctx.lower is None: `juju.jit`'s check) writes the
+    # kernel, not builds it: a program run natively never needs the custom op.
+    return _kernel_for(ctx, build=ctx.lower is not None) is not None
 
 
 def _flat(x, aval):
