@@ -22,6 +22,7 @@ from jax import lax
 import juju
 from juju_kernels_mojo import native_programs
 from juju_kernels_mojo.native_programs import NativeProgram
+from tests.programs.runner import host_leaves  # numpy arrays, PRNG keys as their data
 from tests.test_program_kernels import CASES
 from tests.util import assert_same
 
@@ -81,23 +82,13 @@ def compiled():
     return dict(zip(lowered, juju.compile_all(list(lowered.values()))))
 
 
-def _leaves(tree):
-    out = []
-    for leaf in jax.tree.leaves(tree):
-        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype,
-                                                                 jax.dtypes.prng_key):
-            leaf = jax.random.key_data(leaf)
-        out.append(juju.to_numpy(leaf))
-    return out
-
-
 @pytest.mark.parametrize("name", list(NATIVE_CASES))
 def test_a_one_kernel_program_runs_natively_and_matches_jax(compiled, name):
     fn, args = NATIVE_CASES[name]
     assert _native(compiled[name])
     got, expected = compiled[name](*args), jax.jit(fn)(*args)
     assert jax.tree.structure(got) == jax.tree.structure(expected)
-    for g, e in zip(_leaves(got), _leaves(expected), strict=True):
+    for g, e in zip(host_leaves(got), host_leaves(expected), strict=True):
         assert_same(g, np.asarray(e))
 
 

@@ -51,7 +51,8 @@ def _first_line(error) -> str:
     return " | ".join(lines[:3])[:400]
 
 
-def _leaves(tree):
+def host_leaves(tree):
+    """The leaves of a result as numpy arrays (PRNG keys as their key data)."""
     out = []
     for leaf in jax.tree_util.tree_leaves(tree):
         if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype,
@@ -68,7 +69,7 @@ def compare(outcome: Outcome) -> None:
     want_tree = jax.tree_util.tree_structure(outcome.expected)
     assert got_tree == want_tree, f"pytree {got_tree} != {want_tree}"
     worst = 0.0
-    for i, (g, w) in enumerate(zip(_leaves(outcome.got), _leaves(outcome.expected))):
+    for i, (g, w) in enumerate(zip(host_leaves(outcome.got), host_leaves(outcome.expected))):
         assert g.shape == w.shape, f"output {i}: shape {g.shape} != {w.shape}"
         assert g.dtype == w.dtype, f"output {i}: dtype {g.dtype} != {w.dtype}"
         if g.size:
@@ -153,7 +154,7 @@ def _time(outcome: Outcome, rounds: int = 25, budget_s: float = 4.0) -> None:
     for i in range(rounds):
         for name, fn in (("juju", mine), ("jax", reference)):
             start = time.perf_counter()
-            _leaves(fn(*outcome.args))
+            host_leaves(fn(*outcome.args))
             times[name].append(time.perf_counter() - start)
             spent += times[name][-1]
         if i >= 4 and spent > budget_s:

@@ -322,21 +322,23 @@ def _collect(pm, info: PackInfo) -> tuple[list, list, list, list]:
                 f"pack '{info.name}' ({info.origin}): its juju_kernel_libraries hook returned "
                 f"{_short(lib)}, not a juju.KernelLibrary"
             )
-    rewrites = _hook_results(pm, "juju_jaxpr_rewrites", info)
-    for fn in rewrites:
-        if not callable(fn):
-            raise PackError(
-                f"pack '{info.name}' ({info.origin}): its juju_jaxpr_rewrites hook returned "
-                f"{_short(fn)}, not a callable rewrite(closed_jaxpr) -> closed_jaxpr"
-            )
-    runners = _hook_results(pm, "juju_program_runners", info)
-    for fn in runners:
-        if not callable(fn):
-            raise PackError(
-                f"pack '{info.name}' ({info.origin}): its juju_program_runners hook returned "
-                f"{_short(fn)}, not a callable runner(closed_jaxpr, engine) -> model or None"
-            )
+    rewrites = _callables(pm, "juju_jaxpr_rewrites", info,
+                          "rewrite(closed_jaxpr) -> closed_jaxpr")
+    runners = _callables(pm, "juju_program_runners", info,
+                         "runner(closed_jaxpr, engine) -> model or None")
     return rules, libraries, rewrites, runners
+
+
+def _callables(pm, hook: str, info: PackInfo, signature: str) -> list[Callable]:
+    """What `hook` returned, each checked to be a callable `signature`."""
+    found = _hook_results(pm, hook, info)
+    for fn in found:
+        if not callable(fn):
+            raise PackError(
+                f"pack '{info.name}' ({info.origin}): its {hook} hook returned "
+                f"{_short(fn)}, not a callable {signature}"
+            )
+    return found
 
 
 def kernel_library_path(name: str) -> os.PathLike:
