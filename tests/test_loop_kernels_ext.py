@@ -2,7 +2,9 @@
 against jax.jit: integer div and rem, float rem and pow, gather and scatter
 in every index mode (out-of-bounds indices clamped, filled or dropped as XLA
 does), argmax/argmin and lax.reduce, stack, unstack, split and pad, window
-and cumulative reductions, rounding and platform_dependent, convolutions, complex numbers, sorting.
+and cumulative reductions, rounding and platform_dependent, convolutions
+(SIMD over NHWC features), complex numbers, sorting (insertion and merge),
+total-order comparisons (searchsorted) and a differentiated cond's empty2.
 
 Each case is a scan or while_loop checked to run as a generated kernel (not
 lax's loop), on edge values: negative and zero divisors, INT_MIN / -1, NaN,
@@ -313,6 +315,36 @@ def _complex_rows():
     return z, w, normal(3, 5)
 
 
+def total_order(pairs, sorted_rows, queries):
+    """XLA's total-order comparisons (-NaN < -inf < -0.0 < 0.0 < inf < NaN)
+    as bound directly and as searchsorted binds them."""
+    def step(c, v):
+        a, b = v
+        return c, (P.lt_to_p.bind(a, b), P.le_to_p.bind(a, b), P.eq_to_p.bind(a, b),
+                   jnp.searchsorted(sorted_rows, queries),
+                   jnp.searchsorted(sorted_rows, queries, side="right"))
+    return lax.scan(step, jnp.int32(0), pairs)
+
+
+def _total_order_rows():
+    specials = np.array([np.nan, -np.nan, -np.inf, -1.0, -0.0, 0.0, 1e-40, 1.0, np.inf, 3.0],
+                        np.float32)
+    pairs = np.stack([np.repeat(specials, 10), np.tile(specials, 10)]).reshape(2, 4, 25)
+    sorted_rows = np.sort(normal(16))
+    queries = np.array([-3, -0.5, 0.0, -0.0, 0.3, 2.9, np.nan, np.inf, -np.inf], np.float32)
+    return (pairs[0], pairs[1]), sorted_rows, queries
+
+
+def cond_gradient(xs):
+    """The gradient of a cond in a scan: its untaken branch's residuals are
+    `empty2` placeholders."""
+    def total(xs):
+        def step(c, x):
+            return c + lax.cond(x > 0, lambda v: jnp.sin(v) * v, lambda v: v * 2.0, x), None
+        return lax.scan(step, jnp.float32(0), xs)[0]
+    return jax.grad(total)(xs)
+
+
 def sorting(x, k):
     """lax.sort of short rows along either axis: NaN last (every NaN equal),
     -0.0 equal to 0.0 (stable: their order kept), ties, -inf; two keys; the
@@ -361,6 +393,8 @@ CASES = {
     "rounding": (rounding, (ROUNDING,)),
     "sorting": (sorting, _sort_rows()),
     "long_sorting": (sorting, _long_sort_rows()),
+    "total_order": (total_order, _total_order_rows()),
+    "cond_gradient": (cond_gradient, (normal(7),)),
     "complex_numbers": (complex_numbers, _complex_rows()),
     "convolutions": (convolutions, (normal(2, 2, 6, 5, 3), normal(3, 2, 3, 4), normal(4, 2, 3, 2),
                                     normal(2, 2, 4, 5, 4))),

@@ -672,6 +672,13 @@ class Emitter:
             self.nest(shape, body)
         self.work += math.prod(shape) * len(operands)
 
+    def empty2(self, prim, ins, outs, *, dtype, memory_space):
+        """A differentiated cond's placeholder residual (never read): zeros,
+        as lax's rule makes it."""
+        (out,) = outs
+        if out.size:
+            self.fill(out, literal(0, out.dtype))
+
     def iota(self, prim, ins, outs, *, dtype, shape, dimension, sharding=None):
         (out,) = outs
         st = row_major(out.shape)
@@ -858,20 +865,47 @@ class Emitter:
 
     def while_loop(self, prim, ins, outs, *, cond_jaxpr, body_jaxpr, cond_nconsts,
                    body_nconsts):
-        if tuple(open_jaxpr(cond_jaxpr).outvars[0].aval.shape):
-            raise Unsupported("while with a batched predicate")
+        batch = tuple(open_jaxpr(cond_jaxpr).outvars[0].aval.shape)
         cond_consts = ins[:cond_nconsts]
         body_consts = ins[cond_nconsts:cond_nconsts + body_nconsts]
         init = ins[cond_nconsts + body_nconsts:]
         for src, dst in zip(init, outs):
             self.copy(src, dst)
         staged = [self.like(c) for c in outs]
+        running = self.scratch(batch, np.dtype(np.bool_)) if batch else None
         with self.block("while True:"):
             (pred,) = self.jaxpr(cond_jaxpr, [*cond_consts, *outs])
-            self.emit(f"if not {pred.at('0')}:")
-            self.emit("    break")
-            body_outs = self.jaxpr(body_jaxpr, [*body_consts, *outs])
+            if not batch:
+                self.emit(f"if not {pred.at('0')}:")
+                self.emit("    break")
+                body_outs = self.jaxpr(body_jaxpr, [*body_consts, *outs])
+            else:  # vmap's while: on while any element runs, each carry kept where it stopped
+                self.copy(pred, running)
+                body_outs = self._batched_step(running, body_jaxpr, body_consts, outs)
             self.advance(body_outs, staged, outs)
+
+    def _batched_step(self, running, body_jaxpr, body_consts, carry) -> list:
+        """One trip of a while whose predicate `running` is batched (as XLA
+        lowers it): stop when no element runs; else the body's result where
+        an element runs (its leading axes), the carry where it stopped."""
+        batch = running.shape
+        any_running = self.fresh("running")
+        self.emit(f"var {any_running} = False")
+        self.nest(batch, lambda idx: self.emit(
+            f"{any_running} = {any_running} or {running.at(index_expr(idx, row_major(batch)))}"))
+        self.emit(f"if not {any_running}:")
+        self.emit("    break")
+        new = self.jaxpr(body_jaxpr, [*body_consts, *carry])
+        chosen = []
+        for value, old in zip(new, carry):
+            mask = self.scratch(old.shape, np.dtype(np.bool_))
+            self.equation(P.broadcast_in_dim_p, [running], [mask],
+                          {"shape": tuple(old.shape), "sharding": None,
+                           "broadcast_dimensions": tuple(range(len(batch)))})
+            kept = self.like(old)
+            self.equation(P.select_n_p, [mask, old, value], [kept], {})
+            chosen.append(kept)
+        return chosen
 
     def advance(self, new, staged, carry) -> None:
         """carry = new. A value computed in the body is copied straight in;
@@ -930,6 +964,7 @@ EQUATIONS = {
     **{p: Emitter.scatter for p in (P.scatter_p, P.scatter_add_p, P.scatter_mul_p,
                                     P.scatter_min_p, P.scatter_max_p)},
     P.iota_p: Emitter.iota,
+    P.empty2_p: Emitter.empty2,
     P.platform_index_p: Emitter.platform_index,
     P.dot_general_p: Emitter.dot_general,
     P.cond_p: Emitter.cond,

@@ -202,6 +202,27 @@ def unary_expression(prim):
     }.get(prim)
 
 
+def _total_order(op: str):
+    """A comparison in XLA's total order (searchsorted's): floats by their
+    bits with the magnitude bits of negatives flipped, so -NaN < -inf < ...
+    < -0.0 < 0.0 < ... < inf < NaN; other dtypes as they are."""
+    def expression(dt, a, b):
+        if dt.kind != "f":
+            return f"{a} {op} {b}"
+        bits = {4: ("int32", 31, "0x7FFFFFFF"), 8: ("int64", 63, "0x7FFFFFFFFFFFFFFF")}
+        if dt.itemsize not in bits:
+            raise Unsupported(f"a total-order comparison of {dt}")
+        word, sign, magnitude = bits[dt.itemsize]
+
+        def key(x):
+            raw = f"bitcast[DType.{word}, 1]({x})"
+            return f"({raw} ^ (({raw} >> {sign}) & {magnitude}))"
+
+        return f"{key(a)} {op} {key(b)}"
+
+    return expression
+
+
 def binary_expression(prim):
     return {
         P.add_p: lambda dt, a, b: f"{a} + {b}",
@@ -222,6 +243,9 @@ def binary_expression(prim):
         P.le_p: lambda dt, a, b: f"{a} <= {b}",
         P.gt_p: lambda dt, a, b: f"{a} > {b}",
         P.ge_p: lambda dt, a, b: f"{a} >= {b}",
+        P.eq_to_p: _total_order("=="),
+        P.lt_to_p: _total_order("<"),
+        P.le_to_p: _total_order("<="),
         P.atan2_p: lambda dt, a, b: f"atan2({a}, {b})",
         P.nextafter_p: lambda dt, a, b: f"next_after({a}, {b})",
         P.shift_left_p: lambda dt, a, b: f"shift_left({a}, {b})",
@@ -436,6 +460,6 @@ ELEMENTWISE = {
     P.expm1_p, P.exp2_p, P.erf_p, P.floor_p, P.ceil_p, P.rsqrt_p, P.logistic_p, P.sign_p,
     P.is_finite_p, P.not_p, P.square_p, P.add_p, P.sub_p, P.mul_p, P.div_p, P.max_p, P.min_p,
     P.and_p, P.or_p, P.xor_p, P.eq_p, P.ne_p, P.lt_p, P.le_p, P.gt_p, P.ge_p, P.atan2_p,
-    P.integer_pow_p, P.select_n_p, P.clamp_p, P.convert_element_type_p, P.add_jaxvals_p,
+    P.eq_to_p, P.lt_to_p, P.le_to_p, P.integer_pow_p, P.select_n_p, P.clamp_p, P.convert_element_type_p, P.add_jaxvals_p,
     P.rem_p, P.pow_p, P.round_p, P.nextafter_p, *SHIFTS, *BIT_COUNTS, P.bitcast_convert_type_p,
 }
