@@ -55,6 +55,7 @@ def load_all() -> dict[str, Program]:
         optax_programs,
         sampling_programs,
         scipy_programs,
+        search_and_signal_programs,
         solver_programs,
     )
 
