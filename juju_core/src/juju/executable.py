@@ -16,7 +16,7 @@ class Executable:
     def __init__(self, model, in_dtypes, out_tree, coerces_to_jnp, device, out_key_impls=(),
                  out_complex=(), in_nbytes=None, fresh_outputs=False):
         self.model = model
-        self.fresh_outputs = fresh_outputs  # never an input's memory (juju.direct's models)
+        self.fresh_outputs = fresh_outputs  # never an input's memory (juju.runners' models)
         self.in_nbytes = in_nbytes  # bytes of each input buffer; None: shapes vary
         self.out_key_impls = out_key_impls  # (output index, PRNG impl) of key outputs
         self.out_complex = out_complex  # (output index, complex dtype): float pairs in MAX

@@ -65,7 +65,7 @@ def juju_program_runners():
 
     Returns an iterable of callables `runner(closed_jaxpr, engine)`. Before
     compiling a program's MAX graph, juju asks each runner in pack-name order
-    (`juju.direct`); the first that returns a model, not None, runs the
+    (`juju.runners`); the first that returns a model, not None, runs the
     program instead of a MAX model. A model has `execute(*buffers)` taking
     the MAX buffers of the program's inputs (PRNG keys as their key data,
     complex numbers as float pairs on a last axis) and returning a list of

@@ -30,7 +30,7 @@ from juju._compat import (ClosedJaxpr, Jaxpr, Literal, api_boundary, call_primit
 from juju._compat import primitives as P
 from juju.arguments import host_buffer, to_buffer, to_numpy
 from juju.call import juju_call_p
-from juju.direct import is_max_model
+from juju.runners import is_max_model
 from juju.errors import ProfileError
 from juju.interpreter import check_rules
 from juju.jit import JitFunction, jit
@@ -401,7 +401,7 @@ def _run(steps, env, device, floor, repeats, scale, loop, entries) -> None:
         runs = (max(repeats, min(100, int(0.05 / max(first, 1e-6)))) if first < 0.1
                 else max(1, min(repeats, int(1.0 / first))))
         seconds = _fastest(lambda m=model, i=ins: _synced(m.execute(*i), device), runs, warm=False)
-        if is_max_model(model):  # not a pack's own (juju.direct): MAX's dispatch to take off
+        if is_max_model(model):  # not a pack's own (juju.runners): MAX's dispatch to take off
             seconds -= floor(runs)  # measured next to it: the machine's load drifts
         entry = ProfileEntry(
             step.path, max(seconds, 0.0) * scale, 0.0,

@@ -23,7 +23,7 @@ from juju import plugins, tiers
 from juju._compat import api_boundary, is_complex_dtype, is_key_dtype, key_impl
 from juju.arguments import TracerSeen, input_nbytes, leaf_signature
 from juju.compile_pool import max_building
-from juju.direct import direct_model
+from juju.runners import direct_model
 from juju.dtypes import is_symbolic_dim
 from juju.engine import Engine
 from juju.executable import Executable
@@ -304,7 +304,7 @@ def load_executables(lowered: Sequence[Lowered]) -> list[Compiled]:
     """Compile (or load from the caches) each `Lowered` not yet in its jit
     cache, one MAX compilation per worker and engine, and put it there."""
     pending = [low for low in lowered if low.key not in low.jit_function.executables]
-    models = {}  # index in pending -> its model; first those packs run (juju.direct)
+    models = {}  # index in pending -> its model; first those packs run (juju.runners)
     for i, low in enumerate(pending):
         model = direct_model(low.closed_jaxpr, low.jit_function.engine)
         if model is not None:

@@ -149,7 +149,7 @@ def _allocator(dtype: np.dtype, shape: tuple):
 
 class NativeProgram:
     """A program's generated kernel in a shared library, standing in for
-    its MAX model (`juju.direct`): `execute(*buffers)` allocates the
+    its MAX model (`juju.runners`): `execute(*buffers)` allocates the
     results and calls the kernel with every address."""
 
     def __init__(self, function, operands, consts, results, out_types):
@@ -186,4 +186,4 @@ class NativeProgram:
                 f"juju: a native program's kernel failed (status {status}); set "
                 "JUJU_NATIVE_PROGRAMS=0 to run it as a MAX graph, and please report it")
         return [outs[i] if kind == "out" else host_buffer(np.array(to_numpy(buffers[i])))
-                for kind, i in self._results]  # an argument returned: a copy (juju.direct)
+                for kind, i in self._results]  # an argument returned: a copy (juju.runners)
