@@ -23,7 +23,6 @@ _ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "fl
 
 
 @functools.cache
-@functools.cache  # called per call and per result: an import statement costs ~0.2 us
 def max_driver():
     from max import driver
 

@@ -30,10 +30,10 @@ from juju._compat import (ClosedJaxpr, Jaxpr, Literal, api_boundary, call_primit
 from juju._compat import primitives as P
 from juju.arguments import host_buffer, to_buffer, to_numpy
 from juju.call import juju_call_p
-from juju.runners import is_max_model
 from juju.errors import ProfileError
 from juju.interpreter import check_rules
 from juju.jit import JitFunction, jit
+from juju.runners import is_max_model
 from juju.stages import Lowered, compile_all
 
 __all__ = ["Profile", "ProfileEntry", "ProfileError", "profile"]

@@ -23,7 +23,6 @@ from juju import plugins, tiers
 from juju._compat import api_boundary, is_complex_dtype, is_key_dtype, key_impl
 from juju.arguments import TracerSeen, input_nbytes, leaf_signature
 from juju.compile_pool import max_building
-from juju.runners import direct_model
 from juju.dtypes import is_symbolic_dim
 from juju.engine import Engine
 from juju.executable import Executable
@@ -31,6 +30,7 @@ from juju.interpreter import build_graph
 from juju.loading import load_models
 from juju.logs import describe
 from juju.recording import recording
+from juju.runners import direct_model
 
 @dataclass
 class Lowered:
