@@ -53,7 +53,6 @@ MAX_LINES = 6000
 #: once a call, not once an iteration).
 WORK_LIMITS: dict = {}
 
-_NAME = "juju_loop_KERNEL_HASH"
 _lock = threading.Lock()
 _kernels: OrderedDict = OrderedDict()  # id(eqn) -> [eqn, kernel or None, built library]
 _source_root: Path | None = None
@@ -86,18 +85,27 @@ def _kernel_for(ctx, build: bool = True) -> tuple[LoopKernel, Path | None] | Non
 
 
 def _generate(ctx) -> LoopKernel | None:
+    return write_kernel(ctx.eqn.primitive, ctx.eqn.params, ctx.avals_in, ctx.avals_out,
+                        "juju_loop")
+
+
+def write_kernel(prim, params, avals_in, avals_out, prefix: str,
+                 native: bool = False) -> LoopKernel | None:
+    """The generated kernel of one equation, named `<prefix>_<hash of its
+    source>` (`loop_source`; `native`: a C function), or None where the
+    generator refuses the equation or it exceeds the limits (`WORK_LIMITS`
+    for its primitive, else `MAX_WORK`; `MAX_LINES`)."""
+    placeholder = f"{prefix}_KERNEL_HASH"
     try:
-        draft = loop_source(ctx.eqn.primitive, ctx.eqn.params, ctx.avals_in, ctx.avals_out,
-                            _NAME)
+        draft = loop_source(prim, params, avals_in, avals_out, placeholder, native=native)
     except Unsupported as why:
-        log.debug("juju: %s stays a MAX loop: %s", ctx.eqn.primitive, why)
+        log.debug("juju: no generated kernel for %s: %s", prim, why)
         return None
-    limit = WORK_LIMITS.get(ctx.eqn.primitive)
-    if not within_limits(draft, MAX_WORK if limit is None else limit(ctx.eqn.params)):
+    limit = WORK_LIMITS.get(prim)
+    if not within_limits(draft, MAX_WORK if limit is None else limit(params)):
         return None
-    digest = hashlib.sha256(draft.source.encode()).hexdigest()[:16]
-    name = _NAME.replace("KERNEL_HASH", digest)
-    return LoopKernel(name, draft.source.replace(_NAME, name), draft.consts, draft.work)
+    name = f"{prefix}_{hashlib.sha256(draft.source.encode()).hexdigest()[:16]}"
+    return LoopKernel(name, draft.source.replace(placeholder, name), draft.consts, draft.work)
 
 
 def within_limits(draft: LoopKernel, max_work: int = MAX_WORK) -> bool:

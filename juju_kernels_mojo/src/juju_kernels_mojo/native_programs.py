@@ -18,7 +18,6 @@ and when the environment sets `JUJU_NATIVE_PROGRAMS=0`.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import threading
 from pathlib import Path
@@ -32,13 +31,9 @@ from juju.buffers import host_buffer, to_numpy
 from juju.dtypes import max_dtype, physical_aval
 from juju_kernels_mojo import loop_rules, program_kernels
 from juju_kernels_mojo.build import build_shared_library
-from juju_kernels_mojo.loop_codegen import loop_source
-from juju_kernels_mojo.loop_mojo import Unsupported
 
 #: The equations whose generated kernel may be a whole program.
 KERNEL_PRIMITIVES = (program_kernels.program_p, P.scan_p, P.while_p)
-
-_NAME = "juju_native_KERNEL_HASH"
 
 
 class NativeProgramError(JujuError, RuntimeError):
@@ -62,21 +57,14 @@ def runner(closed_jaxpr, engine):
     results = _result_sources(jaxpr, eqn)
     if operands is None or results is None:
         return None
-    avals_in = [v.aval for v in eqn.invars]
     avals_out = [v.aval for v in eqn.outvars]
-    try:
-        draft = loop_source(eqn.primitive, eqn.params, avals_in, avals_out, _NAME, native=True)
-    except Unsupported as why:
-        loop_rules.log.debug("juju: no native program: %s", why)
+    kernel = loop_rules.write_kernel(eqn.primitive, eqn.params, [v.aval for v in eqn.invars],
+                                     avals_out, "juju_native", native=True)
+    if kernel is None:
         return None
-    limit = loop_rules.WORK_LIMITS.get(eqn.primitive)
-    if not loop_rules.within_limits(
-            draft, loop_rules.MAX_WORK if limit is None else limit(eqn.params)):
-        return None
-    name = _NAME.replace("KERNEL_HASH", hashlib.sha256(draft.source.encode()).hexdigest()[:16])
     try:
-        library = _library(name, draft.source.replace(_NAME, name))
-        function = getattr(ctypes.CDLL(str(library)), name)
+        library = _library(kernel.name, kernel.source)
+        function = getattr(ctypes.CDLL(str(library)), kernel.name)
     except (CompileError, OSError, AttributeError) as exc:  # a generator bug: MAX runs it
         loop_rules.log.warning("juju: the native kernel of a program failed to build or load; "
                                "it runs as a MAX graph. Please report it with this "
@@ -84,7 +72,7 @@ def runner(closed_jaxpr, engine):
         return None
     function.restype = ctypes.c_int32
     function.argtypes = [ctypes.c_void_p]
-    consts = [np.ascontiguousarray(c) for c in draft.consts]
+    consts = [np.ascontiguousarray(c) for c in kernel.consts]
     outs = [physical_aval(a) for a in avals_out]
     return NativeProgram(function, operands, consts, results,
                          [(np.dtype(a.dtype), tuple(a.shape)) for a in outs])
