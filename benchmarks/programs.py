@@ -154,8 +154,9 @@ def vmapped_log_probs(params, x):
 
 def flax_cnn_train_step():
     """flax.linen CNN on 28x28 images, batch 64, optax.adam: (step, args)."""
-    import optax
     from flax import linen as nn
+
+    from tests.programs.flax_programs import classifier_train_step  # the tier's train step
 
     class CNN(nn.Module):
         @nn.compact
@@ -170,20 +171,7 @@ def flax_cnn_train_step():
     rng = np.random.default_rng(3)
     images = rng.standard_normal((64, 28, 28, 1)).astype(F32)
     labels = rng.integers(0, 10, 64).astype(np.int32)
-    model = CNN()
-    params = model.init(jax.random.key(0), images)["params"]
-    tx = optax.adam(1e-3)
-
-    def train_step(params, opt_state, images, labels):
-        def loss_fn(params):
-            logits = model.apply({"params": params}, images)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return train_step, (params, tx.init(params), images, labels)
+    return classifier_train_step(CNN(), images, labels)
 
 
 def flax_transformer_encoder_grad():
