@@ -1,4 +1,4 @@
-"""Loops as generated Mojo kernels (juju_kernels_mojo/loop_codegen.py) against jax.jit.
+"""Loops as generated Mojo kernels (juju_kernels_mojo/codegen) against jax.jit.
 
 Each case is a scan or while_loop whose body exercises a group of the
 equations the generator writes, on special values (NaN, +-inf, -0.0,
@@ -19,7 +19,7 @@ from jax.interpreters import mlir
 
 import juju
 from juju._compat import call_primitives
-from juju_kernels_mojo import loop_codegen
+from juju_kernels_mojo import codegen
 from tests import test_control_flow as control_flow
 from tests.util import assert_same
 
@@ -310,8 +310,8 @@ def _primitives(jaxpr, found):
         found.add(eqn.primitive)
         for sub in jax.extend.core.jaxprs_in_params(eqn.params):
             _primitives(sub, found)
-        if eqn.primitive not in loop_codegen.EQUATIONS:
-            closed = loop_codegen.Emitter.decomposition(
+        if eqn.primitive not in codegen.EQUATIONS:
+            closed = codegen.Emitter.decomposition(
                 eqn.primitive, [v.aval for v in eqn.invars], [v.aval for v in eqn.outvars],
                 eqn.params)
             if closed is not None:
@@ -329,7 +329,7 @@ def test_cases_cover_every_supported_equation():
     for name, (fn, args) in [*CASES.items(), *ext.CASES.items(), *random.CASES.items()]:
         with jax.enable_x64(_x64(name)):
             _primitives(jax.make_jaxpr(fn)(*args).jaxpr, found)
-    supported = set(loop_codegen.ELEMENTWISE) | set(loop_codegen.EQUATIONS)
+    supported = set(codegen.EQUATIONS)
     # Call and copy primitives jax no longer writes into traced programs (the
     # call primitive's name differs between jax releases).
     # mojo_program (program_kernels' whole-program call) is tested in

@@ -4,7 +4,8 @@ in every index mode (out-of-bounds indices clamped, filled or dropped as XLA
 does), argmax/argmin and lax.reduce, stack, unstack, split and pad, window
 and cumulative reductions, rounding and platform_dependent, convolutions
 (SIMD over NHWC features), complex numbers, sorting (insertion and merge),
-total-order comparisons (searchsorted) and a differentiated cond's empty2.
+total-order comparisons (searchsorted), a differentiated cond's empty2,
+tile, reshapes with dimensions, and products through the BLAS.
 
 Each case is a scan or while_loop checked to run as a generated kernel (not
 lax's loop), on edge values: negative and zero divisors, INT_MIN / -1, NaN,
@@ -20,8 +21,8 @@ import numpy as np
 import pytest
 from jax import lax
 from juju import primitives as P
-from juju_kernels_mojo.loop_codegen import Emitter, Unsupported
-from juju_kernels_mojo.loop_mojo import Array
+from juju_kernels_mojo.codegen import Emitter, Unsupported
+from juju_kernels_mojo.codegen.mojo import Array
 
 from tests.test_loop_kernels import _generated_loops, _x64, compile_lowered, lower_cases
 from tests.util import assert_same
@@ -210,6 +211,23 @@ def pads_and_stacks(x, p):
                 jnp.stack([a > 0, a < 0]))
         return c + q, outs
     return lax.scan(step, jnp.float32(0.5), (x, p))
+
+
+def reshapes_and_products(x, w, wt, xb):
+    """jnp.tile, lax.reshape with dimensions (a transpose first),
+    device_put and optimization_barrier (values as they are), and products
+    large enough for the BLAS (as they lie, either operand transposed,
+    batched) beside a small one that stays loops."""
+    def step(c, v):
+        a, b = v
+        outs = (jnp.tile(a[:2, :3], (2, 3)), jnp.tile(a[0], 2),
+                lax.reshape(a[:4, :6], (6, 4), dimensions=(1, 0)),
+                lax.reshape(a[:2, :3], (3, 2), dimensions=(1, 0)),
+                jax.device_put(a[0]) * 2, lax.optimization_barrier(a[1]) + c,
+                a @ w, a @ wt.T, (a.T @ a)[:3], jnp.einsum("bij,bjk->bik", b, b),
+                a[:2, :3] @ w[:3, :2])
+        return c + jnp.sum(a[0]), outs
+    return lax.scan(step, jnp.float32(0.0), (x, xb))
 
 
 def windows(x, n):
@@ -411,6 +429,9 @@ CASES = {
     "scatters": (scatters, _scatter_args()),
     "arg_extremes": (arg_extremes, _extreme_rows()),
     "pads_and_stacks": (pads_and_stacks, (normal(3, 4, 5), normal(3))),
+    "reshapes_and_products": (reshapes_and_products, (normal(2, 32, 256), normal(256, 128) / 16,
+                                                      normal(128, 256) / 16,
+                                                      normal(2, 4, 48, 48) / 7)),
 }
 
 
@@ -433,6 +454,8 @@ def test_matches_jax(compiled, name):
     tolerance = {"rtol": 2e-6, "atol": 1e-6}
     if name == "convolutions":
         tolerance = {"rtol": 1e-5, "atol": 5e-5}
+    if name == "reshapes_and_products":  # the BLAS's order of summation, not XLA's
+        tolerance = {"rtol": 1e-5, "atol": 2e-5}
     assert_same(got, expected, **({} if _x64(name) else tolerance))
     for g, e in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(expected)):
         g, e = juju.to_numpy(g), np.asarray(e)

@@ -54,7 +54,7 @@ if _HAS_JAX:
     from juju.plugins import KernelLibrary
     from juju import primitives
     from juju.primitive import Primitive
-    from juju.recording import RuleChoice
+    from juju.recording import Explanation, RuleChoice
     from juju.registry import ALL_DTYPES, Priority, Registry, Rule, RuleSet, direct
     from juju.stages import Compiled, Lowered, compile_all
     from juju.exporting import Exported, export
@@ -64,7 +64,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "jit", "make_max_graph", "compile_all", "to_numpy", "to_jax", "Lowered", "Compiled", "Primitive",
-    "explain", "RuleChoice", "primitives",
+    "explain", "Explanation", "RuleChoice", "primitives",
     "Engine", "cpu_engine", "gpu_engine", "LoweringContext", "Rule", "RuleSet",
     "Registry", "Priority", "ALL_DTYPES", "direct", "lower_fun", "on_parts", "hookimpl", "KernelLibrary",
     "JujuError", "MissingRuleError", "LoweringError", "RuleConflictError",

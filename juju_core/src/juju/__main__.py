@@ -297,7 +297,8 @@ def _explain(args) -> int:
     choices = fn.lowered_for(tuple(_arguments(args, fn)), {}).explain()
     if getattr(args, "json", False):
         print(json.dumps({"function": args.function,
-                          "choices": [dataclasses.asdict(c) for c in choices]}, indent=2))
+                          "choices": [dataclasses.asdict(c) for c in choices],
+                          "notes": list(choices.notes)}, indent=2))
     else:
         print(table(choices))
     return 0

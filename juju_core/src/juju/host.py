@@ -30,7 +30,7 @@ from juju.arguments import host_buffer, max_driver, to_jax, to_numpy
 from juju.callback_lifting import (HostCallbackError, eqn_has_callbacks, has_callbacks,
                                    is_callback, lift)
 from juju.errors import JujuError
-from juju.recording import RuleChoice
+from juju.recording import Explanation, RuleChoice
 from juju.stages import Lowered
 
 __all__ = ["has_callbacks", "lift", "StagedLowered", "HostCallbackError"]
@@ -448,10 +448,17 @@ class StagedLowered(Lowered):
     def as_text(self) -> str:
         return "\n\n".join(f"// {part.name}\n{part.as_text()}" for part in self.parts)
 
-    def explain(self) -> list:
-        """`Lowered.explain` for each segment's graph (paths `segmentN/...`),
-        and a `"host"` choice for each step that runs in Python."""
-        return _explain(self.plan, "")
+    def explain(self) -> Explanation:
+        """`Lowered.explain` for each segment's graph (paths `segmentN/...`,
+        notes `segmentN: ...`), and a `"host"` choice for each step that
+        runs in Python."""
+        notes: list[str] = []
+        return Explanation(_explain(self.plan, "", notes), notes)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """Each segment's notes (`Lowered.notes`), as `segmentN: ...`."""
+        return tuple(f"{_label(part)}: {note}" for part in self.parts for note in part.notes)
 
     def assemble(self):
         """The executable, once every part is compiled (in the jit caches)."""
@@ -462,14 +469,20 @@ class StagedLowered(Lowered):
                                 self.jit_function.coerces_to_jnp)
 
 
-def _explain(program: Plan, prefix: str) -> list:
+def _label(segment_lowered) -> str:
+    return segment_lowered.jit_function.fun.__name__.rpartition(".")[2]  # "segment2"
+
+
+def _explain(program: Plan, prefix: str, notes: list) -> list:
     index = {id(e): i for i, e in enumerate(program.jaxpr.eqns)}
     choices = []
     for step in program.steps:
         if isinstance(step, Segment):
-            label = step.lowered.jit_function.fun.__name__.rpartition(".")[2]  # "segment2"
+            label = _label(step.lowered)
+            explained = step.lowered.explain()
             choices += [dataclasses.replace(c, path=f"{prefix}{label}/{c.path}")
-                        for c in step.lowered.explain()]
+                        for c in explained]
+            notes += [f"{prefix}{label}: {note}" for note in explained.notes]
             continue
         path = f"{prefix}{index[id(step.eqn)]}"
         choices.append(RuleChoice.of(path, step.eqn, None))
@@ -480,5 +493,5 @@ def _explain(program: Plan, prefix: str) -> list:
         else:  # Scan: a body; Callback: nothing
             inside = [("body", step.body)] if hasattr(step, "body") else []
         for label, sub in inside:
-            choices += _explain(sub, f"{path}/{label}/")
+            choices += _explain(sub, f"{path}/{label}/", notes)
     return choices

@@ -28,7 +28,7 @@ from juju.dtypes import is_symbolic_dim
 from juju.engine import Engine, cpu_engine
 from juju.interpreter import check_rules
 from juju.logs import describe, explain_miss, log
-from juju.rewrites import apply_rewrites
+from juju.rewrites import apply_rewrites, notes_of
 from juju.executable import Executable
 from juju.stages import Lowered, load_executables, structs
 from juju.statics import resolve_statics
@@ -267,6 +267,8 @@ class JitFunction:
                 plan=host.build_plan(self, lifted),
             )
         closed = apply_rewrites(traced)  # dead code first: rewrites match cleaner
+        for note in notes_of(closed):  # how the packs placed it (juju.explain's notes)
+            log.info("juju: %s: %s", describe(self.fun), note)
         registry = plugins.registry()
         required = check_rules(closed, registry, self.engine.device_ref)
         return Lowered(

@@ -85,6 +85,8 @@ class Profile:
             each entry (0 for a staged program's steps, timed as they run).
         jax_seconds: a call of `jax.jit` of the function (`compare_jax`).
         top: how many entries `str()` shows.
+        notes: how the packs placed the program (`juju.Explanation.notes`):
+            one generated kernel, or how many kernels and MAX ops, and why.
     """
 
     name: str
@@ -93,6 +95,7 @@ class Profile:
     floor_seconds: float
     jax_seconds: float | None = None
     top: int = 15
+    notes: tuple[str, ...] = ()
 
     def by_source(self) -> list[tuple[str, float]]:
         """(source line, seconds) summed per line, slowest first: a loop
@@ -116,6 +119,7 @@ class Profile:
                "dispatch floor" if self.floor_seconds else "each step timed as juju runs it")
         return "\n".join([
             f"juju.profile({self.name}): {_t(self.program_seconds)} per call on MAX{versus}",
+            *self.notes,
             f"{len(self.entries)} entries, {how}; outside loop bodies: {_t(total)}",
             *_columns(rows), *([f"  ... and {more} more in .entries"] if more > 0 else []),
             "by source line:",
@@ -213,7 +217,7 @@ def profile(fun, *args, group: str = "line", depth: int = 0, top: int = 15, repe
     total = sum(e.seconds for e in entries if e.loop is None) or 1.0
     ranked = sorted((dataclasses.replace(e, share=e.seconds / total) for e in entries),
                     key=lambda e: -e.seconds)
-    return Profile(fun.__name__, ranked, program, floor, jax_seconds, top)
+    return Profile(fun.__name__, ranked, program, floor, jax_seconds, top, lowered.notes)
 
 
 # --- a plain program: its units, one graph each -------------------------------

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from juju._compat import open_jaxpr, source_line
 from juju.registry import ANY_PRIMITIVE, priority_name
 
-__all__ = ["RuleChoice", "Recorder", "recording", "active_recorder", "table", "summary"]
+__all__ = ["RuleChoice", "Explanation", "Recorder", "recording", "active_recorder", "table",
+           "summary"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,17 @@ class RuleChoice:
             rule.name, rule.pack, rule.pack_version, priority_name(rule.priority), guard,
             source_line(eqn),
         )
+
+
+class Explanation(list):
+    """`juju.explain`'s answer: a list of `RuleChoice`s, one per equation,
+    and `notes`: what the packs' rewrite passes said of the program, one line
+    each (juju-kernels-mojo: "one generated kernel", or how many kernels and
+    MAX ops, and every equation its generator refused, with the reason)."""
+
+    def __init__(self, choices=(), notes=()):
+        super().__init__(choices)
+        self.notes: tuple[str, ...] = tuple(notes)
 
 
 class Recorder:
@@ -175,4 +187,5 @@ def table(choices: list[RuleChoice]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[5]
              for row in rows]
-    return "\n".join([*lines, summary(choices)])
+    notes = list(getattr(choices, "notes", ()))
+    return "\n".join([*lines, summary(choices), *notes])

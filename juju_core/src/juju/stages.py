@@ -29,7 +29,8 @@ from juju.executable import Executable
 from juju.interpreter import build_graph
 from juju.loading import load_models
 from juju.logs import describe
-from juju.recording import recording
+from juju.recording import Explanation, recording
+from juju.rewrites import notes_of
 from juju.runners import direct_model
 
 @dataclass
@@ -145,14 +146,21 @@ class Lowered:
         """The MAX graph's text (its MLIR)."""
         return str(self.graph)
 
-    def explain(self) -> list:
-        """Which rule of which pack lowered each equation: a list of
-        `juju.RuleChoice` (see `juju.explain`). Builds the graph with
-        the interpreter recording its choices; compiles nothing."""
+    def explain(self) -> Explanation:
+        """Which rule of which pack lowered each equation, and the packs'
+        notes on the program: a `juju.Explanation` (see `juju.explain`).
+        Builds the graph with the interpreter recording its choices;
+        compiles nothing."""
         with max_building(), recording() as recorder:
             graph = self.build_graph()
         self.__dict__.setdefault("_graph", graph)
-        return recorder.choices()
+        return Explanation(recorder.choices(), self.notes)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the packs' rewrite passes said of the program (how they
+        placed it: see `juju.Explanation`)."""
+        return notes_of(self.closed_jaxpr)
 
     def compile(self) -> "Compiled":
         """Compile (or load from the caches) and return the `Compiled`; to

@@ -15,7 +15,7 @@ own library, `juju_linalg`: linalg_rules.py); on the CPU, `sort`, `top_k` and
 the cumulative reductions (`juju_sequence`: sequence_rules.py); on the CPU,
 float32/float64 `dot_general` through numpy's OpenBLAS (`juju_blas`:
 blas_rules.py). On the CPU, `scan` and
-`while` loops whose bodies loop_codegen.py can write become one generated
+`while` loops whose bodies the `codegen` package can write become one generated
 kernel each (loop_rules.py; a library per loop, `juju_loop_<hash>`).
 """
 

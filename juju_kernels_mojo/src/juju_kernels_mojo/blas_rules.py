@@ -16,16 +16,10 @@ dtypes and machines without such a library keep juju_ops_lax's MAX matmul.
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import glob
 import logging
 import math
 import os
-import shutil
-import threading
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from jax import ShapeDtypeStruct
@@ -34,7 +28,7 @@ from max.graph import ops
 import juju
 from juju import primitives as P
 from juju_kernels_mojo import BLAS_LIBRARY
-from juju_kernels_mojo.build import cache_dir
+from juju_kernels_mojo.blas import BlasLibrary, find
 from juju_kernels_mojo.linalg_rules import REAL
 from juju_kernels_mojo.lowering import call_kernel
 
@@ -43,77 +37,17 @@ log = logging.getLogger(__name__)
 rules = juju.RuleSet(dtypes=REAL)
 
 
-@dataclass(frozen=True)
-class BlasLibrary:
-    """A CBLAS found on this machine: juju's copy of it and its symbol names."""
-
-    path: str
-    sgemm: str
-    dgemm: str
-    ilp64: bool  # 64-bit integer arguments
-
-
-# (package whose wheel ships the library, file pattern, symbol prefix and
-# suffix, ilp64, the symbol setting its thread count)
-_CANDIDATES = (
-    ("numpy", "libscipy_openblas64_*.so", "scipy_cblas_", "64_", True,
-     "scipy_openblas_set_num_threads64_"),
-    ("scipy", "libscipy_openblas-*.so", "scipy_cblas_", "", False,
-     "scipy_openblas_set_num_threads"),
-)
-_loaded = []  # juju's copy stays loaded for the process
-_lock = threading.Lock()
-
-
-def _private_copy(path: str) -> str:
-    """A copy of the library in juju's cache: loaded beside numpy's, it keeps
-    its own thread count (1, set below) and leaves numpy's alone. BLAS's own
-    threads compete with MAX's for the cores: a multi-threaded OpenBLAS made
-    the products of an MLP step up to 2x slower inside a MAX graph."""
-    target = cache_dir() / "blas" / Path(path).name
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix(f".{os.getpid()}.part")
-        shutil.copyfile(path, partial)
-        os.replace(partial, target)
-    return str(target)
-
-
 @functools.cache
 def cblas() -> BlasLibrary | None:
     """The BLAS `juju_gemm` calls, or None (not asked for with `JUJU_BLAS=1`,
     or no such library)."""
     if os.environ.get("JUJU_BLAS", "0").lower() not in ("1", "on", "true", "yes"):
         return None
-    with _lock:
-        found = _find()
+    found = find()
     if found is None:
         log.warning("juju: JUJU_BLAS=1 but no usable OpenBLAS from numpy or scipy wheels "
                     "(JUJU_LOG_LEVEL=DEBUG says why); products use MAX's matmul")
     return found
-
-
-def _find() -> BlasLibrary | None:
-    for package, pattern, prefix, suffix, ilp64, set_threads in _CANDIDATES:
-        try:
-            module = __import__(package)
-        except ImportError:
-            continue
-        libs = Path(module.__file__).parent.parent / f"{package}.libs"
-        for path in sorted(glob.glob(str(libs / pattern))):
-            try:
-                copy = _private_copy(path)
-                handle = ctypes.CDLL(copy)
-                found = BlasLibrary(copy, f"{prefix}sgemm{suffix}", f"{prefix}dgemm{suffix}", ilp64)
-                for symbol in (found.sgemm, found.dgemm):
-                    getattr(handle, symbol)
-                getattr(handle, set_threads)(1)
-            except (OSError, AttributeError) as error:
-                log.debug("juju: BLAS %s not usable: %s", path, error)
-                continue
-            _loaded.append(handle)
-            return found
-    return None
 
 
 def cpu_blas(ctx) -> bool:

@@ -3,7 +3,7 @@
 juju_ops_lax lowers a loop onto MAX's `while_loop`, whose every trip goes
 through MAX's runtime (~15-35 us on the CPU whatever the body holds): a
 `lax.scan` RNN step that XLA runs in 0.4 us cost ~50 us (issue 17). Here a
-loop whose body `loop_codegen` can write (static shapes; float32/64,
+loop whose body `codegen` can write (static shapes; float32/64,
 signed and unsigned integers, bool and PRNG keys; the equations listed there) and whose work per
 iteration is small (at most MAX_WORK element operations: beyond that MAX's
 vectorized, multi-threaded ops win over scalar loops) becomes a kernel
@@ -34,8 +34,8 @@ from juju import primitives as P
 from juju.dtypes import physical_aval
 from juju.lowering_helpers import load_kernel_library
 from juju_kernels_mojo.build import build_kernel_library
-from juju_kernels_mojo.loop_codegen import LoopKernel, loop_source
-from juju_kernels_mojo.loop_mojo import Unsupported
+from juju_kernels_mojo.codegen import LoopKernel, loop_source
+from juju_kernels_mojo.codegen import Unsupported
 
 log = logging.getLogger("juju")
 # Every dtype reaches the guard, which refuses what the generator does not
@@ -111,12 +111,20 @@ def write_kernel(prim, params, avals_in, avals_out, prefix: str,
 def within_limits(draft: LoopKernel, max_work: int = MAX_WORK) -> bool:
     """Whether a generated kernel is small enough to beat MAX's ops and to
     build in seconds (`max_work`, `MAX_LINES`)."""
+    over = over_limits(draft, max_work)
+    if over is not None:
+        log.debug("juju: no generated kernel: %s", over)
+    return over is None
+
+
+def over_limits(draft: LoopKernel, max_work: int = MAX_WORK) -> str | None:
+    """The limit a generated kernel exceeds, with its numbers, or None."""
+    if draft.work > max_work:
+        return f"{draft.work:,} element operations > the limit {max_work:,}"
     lines = draft.source.count("\n")
-    if draft.work > max_work or lines > MAX_LINES:
-        log.debug("juju: no generated kernel: %d element operations per iteration, %d lines "
-                  "of Mojo", draft.work, lines)
-        return False
-    return True
+    if lines > MAX_LINES:
+        return f"{lines:,} lines of Mojo > the limit {MAX_LINES:,}"
+    return None
 
 
 def _library(kernel: LoopKernel) -> Path:

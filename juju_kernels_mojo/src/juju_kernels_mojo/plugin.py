@@ -2,8 +2,8 @@
 
 import juju
 from juju_kernels_mojo import (blas_library, blas_rules, kernel_library, lax_rules, linalg_library,
-                               linalg_rules, loop_rules, native_programs, nn_rules, primitives,
-                               program_kernels, sequence_library, sequence_rules)
+                               linalg_rules, loop_rules, native_programs, nn_rules, placement,
+                               primitives, program_kernels, sequence_library, sequence_rules)
 
 
 @juju.hookimpl
@@ -19,7 +19,7 @@ def juju_kernel_libraries():
 
 @juju.hookimpl
 def juju_jaxpr_rewrites():
-    return [program_kernels.rewrite]
+    return [placement.rewrite]
 
 
 @juju.hookimpl

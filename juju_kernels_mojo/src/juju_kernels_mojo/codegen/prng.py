@@ -1,6 +1,6 @@
 """PRNG key arrays and jax.random inside generated loop kernels.
 
-A key array is carried as its key words (`loop_parts.Parts`, each word a
+A key array is carried as its key words (`parts.Parts`, each word a
 uint32 array of the key array's shape): structural equations apply to each
 word. For JAX's implementations of random_bits, random_split and
 random_fold_in (the rules' decompositions), and outside the kernel, a key
@@ -14,9 +14,9 @@ import numpy as np
 
 from juju import primitives as P
 from juju._compat import ShapedArray, key_data_aval
-from juju_kernels_mojo.loop_mojo import Unsupported, broadcast_strides, index_expr
-from juju_kernels_mojo.loop_mojo import strides as row_major
-from juju_kernels_mojo.loop_parts import (PER_PART, Parts, deinterleave, interleave, per_part,
+from juju_kernels_mojo.codegen.mojo import Unsupported, broadcast_strides, index_expr
+from juju_kernels_mojo.codegen.mojo import strides as row_major
+from juju_kernels_mojo.codegen.parts import (PER_PART, Parts, deinterleave, interleave, per_part,
                                           physical, scratch_parts)
 
 

@@ -1,6 +1,6 @@
 """Values a generated kernel carries as several plain arrays (`Parts`): a
-PRNG key array as its key words (loop_random.py), a complex array as its
-real and imaginary parts (loop_complex.py).
+PRNG key array as its key words (prng.py), a complex array as its
+real and imaginary parts (complex_parts.py).
 
 Each part is an ordinary array of the value's shape (part-major), so a
 structural equation (slice, gather, select_n, dynamic_update_slice, ...)
@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 from juju import primitives as P
-from juju_kernels_mojo.loop_mojo import Array
+from juju_kernels_mojo.codegen.mojo import Array
 
 #: Primitives whose operands and results are moved, not computed on:
 #: applied to each part alike.

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from juju import primitives as P
-from juju_kernels_mojo.loop_mojo import (REDUCTIONS, Unsupported, index_expr, literal,
+from juju_kernels_mojo.codegen.mojo import (REDUCTIONS, Unsupported, index_expr, literal,
                                         reduction_identity)
-from juju_kernels_mojo.loop_mojo import strides as row_major
+from juju_kernels_mojo.codegen.mojo import strides as row_major
 
 
 def _combine(prim, dtype):

@@ -1,5 +1,5 @@
 """Complex numbers in generated kernels: a complex array is carried as its
-real and imaginary parts (`loop_parts.Parts`, float32 for complex64,
+real and imaginary parts (`parts.Parts`, float32 for complex64,
 float64 for complex128). Structural equations and sums apply per part;
 arithmetic (add, sub, mul, div as XLA's Smith division, neg, conj, exp,
 integer_pow, abs), real/imag/complex, conversions and dot_general are
@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from juju import primitives as P
-from juju_kernels_mojo.loop_mojo import (Const, Unsupported, broadcast_strides, index_expr, literal,
+from juju_kernels_mojo.codegen.mojo import (Const, Unsupported, broadcast_strides, index_expr, literal,
                                         mojo_dtype)
-from juju_kernels_mojo.loop_mojo import strides as row_major
-from juju_kernels_mojo.loop_parts import PER_PART, Parts, per_part, scratch_parts
+from juju_kernels_mojo.codegen.mojo import strides as row_major
+from juju_kernels_mojo.codegen.parts import PER_PART, Parts, per_part, scratch_parts
 
 #: Linear in each part: applied per part.
 _PER_PART = PER_PART | {P.reduce_sum_p}

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from juju import primitives as P
-from juju_kernels_mojo.loop_mojo import Unsupported, index_expr
-from juju_kernels_mojo.loop_mojo import strides as row_major
+from juju_kernels_mojo.codegen.mojo import Unsupported, index_expr
+from juju_kernels_mojo.codegen.mojo import strides as row_major
 
 #: Rows up to this length are insertion-sorted (n^2 / 2 comparisons, no
 #: scratch); longer ones are merge-sorted.

@@ -1,7 +1,7 @@
 """The Mojo text of generated loop kernels: dtypes and literals, flat arrays
 and their index expressions, each elementwise equation as an expression,
 and the helpers every kernel starts with (NaN-propagating max/min, XLA's
-float-to-int conversion). loop_codegen.py writes loops and equations with them.
+float-to-int conversion). The `codegen` package writes loops and equations with them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,12 @@ SUPPORTED_DTYPES = {
 
 
 class Unsupported(Exception):
-    """The loop holds something this generator does not write."""
+    """The program holds something this generator does not write. The
+    generator sets `primitive` (the innermost equation refused, by name) and
+    `source` (its user source line) as the error passes through it."""
+
+    primitive: str | None = None
+    source: str | None = None
 
 
 def mojo_dtype(dtype) -> str:
@@ -84,6 +89,12 @@ class Array:
     def store(self, index: str, value: str) -> str:
         """The statement writing the SIMD vector `value` from `index` on."""
         return f"{self.ptr}.unsafe_offset({add_offsets(self.offset, index)}).unsafe_store({value})"
+
+    def address(self) -> str:
+        """The pointer to the first element, as a mutable pointer of any
+        origin (what a helper taking pointers wants)."""
+        start = f".unsafe_offset({self.offset})" if self.offset else ""
+        return f"{self.ptr}{start}.unsafe_origin_cast[MutAnyOrigin]()"
 
     def row(self, index: str) -> Array:
         """Row `index` (an expression) of the leading axis."""
@@ -272,6 +283,77 @@ from std.bit import count_leading_zeros, pop_count
 from std.memory import bitcast
 from std.sys import bit_width_of
 from std.utils.numerics import FlushDenormals, inf, max_finite, min_finite, nan
+from std.ffi import OwnedDLHandle
+from std.os import getenv
+from std.sys import num_physical_cores
+from max.algorithm import sync_parallelize
+
+
+def kernel_cores() -> Int:
+    """The threads a generated kernel's large loops and products use: the
+    physical cores, or JUJU_KERNEL_THREADS."""
+    var asked = getenv("JUJU_KERNEL_THREADS")
+    if asked:
+        try:
+            return max(1, atol(asked))
+        except:
+            pass
+    return num_physical_cores()
+
+
+def blas_gemm[dt: DType, library: StaticString, symbol: StaticString, ilp64: Bool](
+    ta: Bool, tb: Bool, batch: Int, m: Int, n: Int, k: Int,
+    a: UnsafePointer[Scalar[dt], MutAnyOrigin], b: UnsafePointer[Scalar[dt], MutAnyOrigin],
+    c: UnsafePointer[Scalar[dt], MutAnyOrigin],
+) raises:
+    """c[i] = op(a[i]) op(b[i]) for i < batch through the BLAS's row-major
+    ?gemm; a large product in blocks (matrices, else row or column blocks),
+    one per core (the library is a single-threaded copy)."""
+    var lib = OwnedDLHandle(library)
+    var gemm = lib.get_function[NoneType](symbol)
+    var lda = m if ta else k
+    var ldb = k if tb else n
+    var trans_a = Int32(112) if ta else Int32(111)
+    var trans_b = Int32(112) if tb else Int32(111)
+    var one = Scalar[dt](1)
+    var zero = Scalar[dt](0)
+
+    def block(i: Int, r0: Int, r1: Int, c0: Int, c1: Int) {var}:
+        var a0 = a.unsafe_offset(i * m * k + (r0 if ta else r0 * k))
+        var b0 = b.unsafe_offset(i * k * n + (c0 * k if tb else c0))
+        var c00 = c.unsafe_offset(i * m * n + r0 * n + c0)
+        comptime if ilp64:
+            gemm(Int32(101), trans_a, trans_b, r1 - r0, c1 - c0, k, one, a0, lda, b0, ldb,
+                 zero, c00, n)
+        else:
+            gemm(Int32(101), trans_a, trans_b, Int32(r1 - r0), Int32(c1 - c0), Int32(k), one,
+                 a0, Int32(lda), b0, Int32(ldb), zero, c00, Int32(n))
+
+    var tasks = kernel_cores()
+    if batch * m * n * k < (1 << 18) or tasks < 2:
+        for i in range(batch):
+            block(i, 0, m, 0, n)
+        return
+
+    def task(t: Int) {var}:
+        with FlushDenormals():
+            if batch >= tasks:
+                for i in range(t * batch // tasks, (t + 1) * batch // tasks):
+                    block(i, 0, m, 0, n)
+            elif n >= m:  # column blocks, whole SIMD vectors wide
+                var width = ((n + tasks - 1) // tasks + 15) // 16 * 16
+                for i in range(batch):
+                    var c0 = min(t * width, n)
+                    if c0 < n:
+                        block(i, 0, m, c0, min(c0 + width, n))
+            else:
+                var height = (m + tasks - 1) // tasks
+                for i in range(batch):
+                    var r0 = min(t * height, m)
+                    if r0 < m:
+                        block(i, r0, min(r0 + height, m), 0, n)
+
+    sync_parallelize(task, tasks)
 
 
 @always_inline

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 
 from juju import primitives as P
-from juju_kernels_mojo.loop_mojo import VECTOR_BYTES, Unsupported, index_expr, literal, mojo_dtype
-from juju_kernels_mojo.loop_mojo import strides as row_major
-from juju_kernels_mojo.loop_windows import window_coordinate
+from juju_kernels_mojo.codegen.mojo import VECTOR_BYTES, Unsupported, index_expr, literal, mojo_dtype
+from juju_kernels_mojo.codegen.mojo import strides as row_major
+from juju_kernels_mojo.codegen.windows import window_coordinate
 
 
 def conv_general_dilated(emitter, prim, ins, outs, *, window_strides, padding, lhs_dilation,

@@ -1,0 +1,173 @@
+"""dot_general. A large float32/float64 product whose operands are (batched)
+matrices in memory, as they lie or transposed, calls the `?gemm` of the
+BLAS numpy ships (`juju_kernels_mojo.blas`; split in blocks over the cores
+where it is large), as XLA calls Eigen's: a scan whose body multiplies by a
+256-wide matrix (an LSTM) then runs at XLA's speed, where loops ran it at a
+tenth. Anything else is loops: each output element an ordered sum over the
+contraction, in SIMD vectors along the output's last axis or along a
+contiguous contraction where the operands allow."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from juju import primitives as P
+from juju_kernels_mojo import blas
+from juju_kernels_mojo.codegen.mojo import (VECTOR_BYTES, Array, Unsupported, index_expr,
+                                            mojo_dtype, scalar_type)
+from juju_kernels_mojo.codegen.mojo import strides as row_major
+
+#: Products of fewer multiply-adds stay loops (a BLAS call costs ~1 us).
+BLAS_MIN_WORK = 1 << 14
+
+
+def dot_general(emitter, prim, ins, outs, *, dimension_numbers, precision=None,
+                preferred_element_type=None, out_sharding=None, **_):
+    (lhs, rhs), (out,) = ins, outs
+    (lc, rc), (lb, rb) = dimension_numbers
+    if out.dtype == np.bool_:
+        raise Unsupported("dot_general of bool")
+    ls, rs = row_major(lhs.shape), row_major(rhs.shape)
+    lf = [d for d in range(len(lhs.shape)) if d not in lc and d not in lb]
+    rf = [d for d in range(len(rhs.shape)) if d not in rc and d not in rb]
+    out_st = row_major(out.shape)
+    contract = [lhs.shape[d] for d in lc]
+    nb = len(lb)
+    if not out.size:
+        return
+    if _gemm(emitter, lhs, rhs, out, dimension_numbers):
+        # As fast as MAX's matmul: its multiply-adds do not count against
+        # the limits that keep large loop work on MAX's ops.
+        emitter.work += out.size
+        return
+    emitter.work += out.size * math.prod(contract)
+
+    def operand(st, free, batch, cdims, idx, cidx, base=()):
+        terms = [*zip(idx[:nb], [st[d] for d in batch]), *zip(base, [st[d] for d in free]),
+                 *zip(cidx, [st[d] for d in cdims])]
+        at = index_expr(*zip(*terms)) if terms else "0"
+        return at
+
+    def load(x, at):
+        value = x.at(at)
+        return value if x.dtype == out.dtype else emitter.convert(value, x.dtype, out.dtype)
+
+    width = VECTOR_BYTES // out.dtype.itemsize
+    simd = f"SIMD[{mojo_dtype(out.dtype)}, {width}]"
+    same = (lhs.dtype == rhs.dtype == out.dtype and isinstance(lhs, Array)
+            and isinstance(rhs, Array))
+    if same and rf and rs[rf[-1]] == 1 and out.shape[-1] >= width:
+        # Vectorized over the output's last axis (rhs's contiguous free
+        # axis): out[..., j:j+w] += lhs[..., c] * rhs[c, j:j+w], each
+        # output element summed over c in order, as the scalar loop would.
+        outer = out.shape[:-1]
+        n = out.shape[-1]
+
+        def body(idx):
+            j = emitter.fresh("j")
+            idx_l = idx[nb:nb + len(lf)]
+            idx_r = idx[nb + len(lf):]
+            with emitter.block(f"for {j} in range(0, {n - n % width}, {width}):"):
+                acc = emitter.fresh("acc")
+                emitter.emit(f"var {acc} = {simd}(0)")
+
+                def inner(cidx):
+                    a = lhs.at(operand(ls, lf, lb, lc, idx, cidx, idx_l))
+                    b_at = operand(rs, rf, rb, rc, idx, cidx, [*idx_r, j])
+                    emitter.emit(f"{acc} += {a} * {rhs.load(b_at, width)}")
+
+                emitter.nest(contract, inner)
+                emitter.emit(out.store(index_expr([*idx, j], out_st), acc))
+            with emitter.block(f"for {j} in range({n - n % width}, {n}):"):
+                scalar_dot(emitter, out, lhs, rhs, [*idx, j], contract, operand, load,
+                                (ls, lf, lb, lc, idx_l), (rs, rf, rb, rc, [*idx_r, j]))
+
+        emitter.nest(outer, body)
+        return
+
+    def body(idx):
+        scalar_dot(emitter, out, lhs, rhs, idx, contract, operand, load,
+                        (ls, lf, lb, lc, idx[nb:nb + len(lf)]),
+                        (rs, rf, rb, rc, idx[nb + len(lf):]))
+
+    emitter.nest(out.shape, body)
+
+
+def scalar_dot(emitter, out, lhs, rhs, idx, contract, operand, load, left, right):
+    acc = emitter.fresh("acc")
+    emitter.emit(f"var {acc} = {scalar_type(out.dtype)}(0)")
+    width = VECTOR_BYTES // out.dtype.itemsize
+    if (len(contract) == 1 and contract[0] >= width and lhs.dtype == rhs.dtype == out.dtype
+            and isinstance(lhs, Array) and isinstance(rhs, Array)
+            and left[0][left[3][0]] == 1 and right[0][right[3][0]] == 1):
+        # Both operands contiguous along the contraction: a SIMD inner
+        # product (partial sums per lane, then the lanes).
+        n = contract[0]
+        vec, c = emitter.fresh("v"), emitter.fresh("c")
+        emitter.emit(f"var {vec} = SIMD[{mojo_dtype(out.dtype)}, {width}](0)")
+        with emitter.block(f"for {c} in range(0, {n - n % width}, {width}):"):
+            a = operand(*left[:4], idx, [c], left[4])
+            b = operand(*right[:4], idx, [c], right[4])
+            emitter.emit(f"{vec} += {lhs.load(a, width)} * {rhs.load(b, width)}")
+        emitter.emit(f"{acc} = {vec}.reduce_add()")
+        with emitter.block(f"for {c} in range({n - n % width}, {n}):"):
+            a = lhs.at(operand(*left[:4], idx, [c], left[4]))
+            b = rhs.at(operand(*right[:4], idx, [c], right[4]))
+            emitter.emit(f"{acc} += {a} * {b}")
+        emitter.emit(f"{out.at(index_expr(idx, row_major(out.shape)))} = {acc}")
+        return
+
+    def inner(cidx):
+        a = load(lhs, operand(*left[:4], idx, cidx, left[4]))
+        b = load(rhs, operand(*right[:4], idx, cidx, right[4]))
+        emitter.emit(f"{acc} += {a} * {b}")
+
+    emitter.nest(contract, inner)
+    emitter.emit(f"{out.at(index_expr(idx, row_major(out.shape)))} = {acc}")
+
+
+def _gemm(emitter, lhs, rhs, out, dimension_numbers) -> bool:
+    """out = lhs . rhs through the BLAS, where it is large, of one float
+    dtype, and both operands are [B, M, K] or [B, K, M] and [B, K, N] or
+    [B, N, K] as they lie (batch axes leading, in order); else False."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    if not (isinstance(lhs, Array) and isinstance(rhs, Array)
+            and lhs.dtype == rhs.dtype == out.dtype and out.dtype in (np.float32, np.float64)):
+        return False
+    k = math.prod(lhs.shape[d] for d in lc)
+    if out.size * k < BLAS_MIN_WORK or not k:
+        return False
+    ta = _matrix(len(lhs.shape), lb, lc, contract_last=True)
+    tb = _matrix(len(rhs.shape), rb, rc, contract_last=False)
+    library = blas.find()
+    if ta is None or tb is None or library is None:
+        return False
+    batch = math.prod(lhs.shape[d] for d in lb)
+    m = math.prod(d for i, d in enumerate(lhs.shape) if i not in lb and i not in lc)
+    n = math.prod(d for i, d in enumerate(rhs.shape) if i not in rb and i not in rc)
+    symbol = library.sgemm if out.dtype == np.float32 else library.dgemm
+    emitter.emit(f'blas_gemm[{mojo_dtype(out.dtype)}, "{library.path}", "{symbol}", '
+                 f'{library.ilp64}]({ta}, {tb}, {batch}, {m}, {n}, {k}, {lhs.address()}, '
+                 f'{rhs.address()}, {out.address()})')
+    return True
+
+
+def _matrix(rank: int, batch, contract, contract_last: bool) -> bool | None:
+    """Whether an operand is its matrices transposed (False: as they lie),
+    or None where it is neither: batch axes first, in order, then the free
+    axes and the contraction's in order, the contraction last for an lhs
+    (first for an rhs) as they lie."""
+    batch, contract = list(batch), list(contract)
+    if batch != list(range(len(batch))) or contract != sorted(contract):
+        return None
+    free = [d for d in range(rank) if d not in batch and d not in contract]
+    if list(range(rank)) == batch + free + contract:
+        return not contract_last
+    if list(range(rank)) == batch + contract + free:
+        return contract_last
+    return None
+
+
+EQUATIONS = {P.dot_general_p: dot_general}

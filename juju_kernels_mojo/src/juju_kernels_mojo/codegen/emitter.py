@@ -1,0 +1,324 @@
+"""The generator's core: an `Emitter` writes Mojo statements for jaxpr
+equations over flat arrays, and dispatches each equation to its family's
+writer through `EQUATIONS` (filled by the package's `__init__`).
+
+Every array is flat and row-major; an `Array` is a pointer, a static shape
+and an offset expression (a row of `xs` is the input at `step * row`).
+Scratch buffers are slices of one pool per dtype, allocated once before the
+outermost loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+from jax.extend import core as jex_core
+
+from juju import fallback
+from juju._compat import is_key_dtype, source_line
+from juju_kernels_mojo.codegen import complex_parts, parts, prng
+from juju_kernels_mojo.codegen.mojo import (VECTOR_BYTES, Array, Const, Unsupported,
+                                            add_offsets, index_expr, mojo_dtype, scalar_type)
+from juju_kernels_mojo.codegen.mojo import strides as row_major
+from juju_kernels_mojo.codegen.parts import Parts
+
+#: Loops over fewer elements run on one thread: waking the other cores
+#: (`Emitter.split`) costs a few microseconds.
+PARALLEL_MIN = 1 << 16
+#: primitive -> writer(emitter, prim, ins, outs, **params), every family's.
+EQUATIONS: dict = {}
+#: Writers that pass values through as they are (into sub-jaxprs, or copied
+#: whole): they take `Parts` (keys, complex numbers) like any value.
+PARTS_CARRIERS: set = set()
+
+
+class Emitter:
+    """Writes Mojo statements for jaxpr equations over `Array`s."""
+
+    def __init__(self):
+        self.pools: dict[np.dtype, int] = {}  # elements of scratch per dtype
+        self.scratch_ids: set[tuple] = set()  # (ptr, offset) of what `scratch` gave
+        self.lines: list[str] = []
+        self.depth = 3  # inside execute's `with FlushDenormals():`
+        self.count = 0
+        self.work = 0  # element operations per outermost iteration, roughly
+        self.consts: list[np.ndarray] = []  # closed-over arrays: extra kernel inputs
+        self.in_task = False  # writing the body of a task on a worker thread
+
+    # -- text ------------------------------------------------------------------
+
+    def fresh(self, prefix: str) -> str:
+        self.count += 1
+        return f"{prefix}{self.count}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append("    " * self.depth + line)
+
+    @contextlib.contextmanager
+    def block(self, header: str):
+        self.emit(header)
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+
+    def scratch(self, shape, dtype) -> Array:
+        """A fresh buffer: a slice of one pool per dtype, allocated once before
+        the loops (one allocation per buffer made Mojo's compile time grow
+        faster than the source: 133 s for a 7,300-line diffrax loop)."""
+        shape, dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+        base = self.pools.get(dtype, 0)
+        # Each buffer starts at a multiple of the SIMD width.
+        width = VECTOR_BYTES // dtype.itemsize
+        self.pools[dtype] = base + -(-max(math.prod(shape), 1) // width) * width
+        array = Array(f"p_{dtype.name}", shape, dtype, str(base) if base else "")
+        self.scratch_ids.add((array.ptr, array.offset))
+        return array
+
+    def value(self, shape, dtype):
+        """A fresh buffer for a value: an `Array`, or `Parts` for keys and
+        complex numbers."""
+        if is_key_dtype(dtype):
+            return prng.scratch_keys(self, shape, dtype)
+        if complex_parts.is_complex(dtype):
+            return complex_parts.scratch_complex(self, shape, dtype)
+        return self.scratch(shape, dtype)
+
+    def like(self, x):
+        return self.value(x.shape, x.dtype)
+
+    def decls(self) -> list[str]:
+        """The pools' allocation, before the loops."""
+        lines = []
+        for dtype, size in self.pools.items():
+            name = f"p_{dtype.name}"
+            lines.append(f"var {name}_list = List[{scalar_type(dtype)}](length={size}, fill=0)")
+            lines.append(f"var {name} = {name}_list.unsafe_ptr()")
+        return lines
+
+    def nest(self, shape, body) -> None:
+        """Loops over `shape` (row-major), calling body(index names) inside."""
+        names = ["0" if dim == 1 else self.fresh("i") for dim in shape]
+        with contextlib.ExitStack() as stack:
+            for name, dim in zip(names, shape):
+                if dim != 1:
+                    stack.enter_context(self.block(f"for {name} in range({dim}):"))
+            body(names)
+
+    def when(self, conditions: list[str]):
+        """A block run only where all `conditions` hold (none: always)."""
+        if not conditions:
+            return contextlib.nullcontext()
+        return self.block(f"if {' and '.join(conditions)}:")
+
+    @contextlib.contextmanager
+    def each(self, start: int, stop: int):
+        """A loop over range(start, stop), yielding its index (no loop for one)."""
+        if stop - start == 1:
+            yield str(start)
+            return
+        k = self.fresh("k")
+        with self.block(f"for {k} in range({start}, {stop}):"):
+            yield k
+
+    @contextlib.contextmanager
+    def split(self, size: int, width: int = 1, work: int | None = None):
+        """Yields (start, stop) expressions of the range [0, size): the whole
+        of it, or, where its work (element operations, `size` by default)
+        is large (`PARALLEL_MIN`), each core's block (whole `width`s) inside
+        a task that `sync_parallelize` runs on the cores. Only the outermost
+        of nested splits runs tasks."""
+        work = size if work is None else work
+        if work < PARALLEL_MIN or size < 2 * width or self.in_task:
+            yield "0", str(size)
+            return
+        task, t, cores, chunk = (self.fresh(x) for x in ("task", "t", "cores", "chunk"))
+        start, stop = self.fresh("lo"), self.fresh("hi")
+        self.emit(f"var {cores} = kernel_cores()")
+        self.emit(f"var {chunk} = ({size} + {cores} * {width} - 1) // ({cores} * {width})"
+                  f" * {width}")
+        with self.block(f"def {task}({t}: Int) {{var}}:"), self.block("with FlushDenormals():"):
+            self.emit(f"var {start} = min({t} * {chunk}, {size})")
+            self.emit(f"var {stop} = min({start} + {chunk}, {size})")
+            self.in_task = True
+            try:
+                yield start, stop
+            finally:
+                self.in_task = False
+        self.emit(f"sync_parallelize({task}, {cores})")
+
+    def copy(self, src, dst: Array, convert=None) -> None:
+        """dst = src elementwise (src may be a Const or a same-size Array)."""
+        if isinstance(dst, Parts):
+            for s, d in zip(src.words, dst.words, strict=True):
+                self.copy(s, d)
+            return
+        if isinstance(src, Array) and (src.ptr, src.offset) == (dst.ptr, dst.offset):
+            return
+        if dst.size == 0:
+            return
+        start = 0
+        if isinstance(src, Array) and convert is None and dst.dtype.kind in "fiu":
+            width = VECTOR_BYTES // dst.dtype.itemsize
+            start = dst.size - dst.size % width
+            if start:
+                k = self.fresh("k")
+                with self.split(start, width) as (lo, hi), \
+                        self.block(f"for {k} in range({lo}, {hi}, {width}):"):
+                    self.emit(dst.store(k, src.load(k, width)))
+            if start == dst.size:
+                return
+        with self.each(start, dst.size) as k:
+            value = src.at(k)
+            self.emit(f"{dst.at(k)} = {convert(value) if convert else value}")
+
+    # -- jaxprs ------------------------------------------------------------------
+
+    def jaxpr(self, jaxpr, args: list) -> list:
+        """Emit `jaxpr` (open or closed) on `args`; returns its outputs."""
+        if isinstance(jaxpr, jex_core.ClosedJaxpr):
+            consts = [self.closed_const(c) for c in jaxpr.consts]
+            jaxpr = jaxpr.jaxpr
+        else:
+            consts = []
+        env = {}
+        for var, value in zip([*jaxpr.constvars, *jaxpr.invars], [*consts, *args], strict=True):
+            env[var] = value
+
+        def read(atom):
+            if isinstance(atom, jex_core.Literal):
+                return Const(atom.val, tuple(np.shape(atom.val)), np.dtype(atom.aval.dtype))
+            return env[atom]
+
+        for eqn in jaxpr.eqns:
+            try:
+                for v in (*eqn.invars, *eqn.outvars):
+                    self.check_aval(v.aval)
+                ins = [read(a) for a in eqn.invars]
+                outs = [self.value(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
+                self.equation(eqn.primitive, ins, outs, eqn.params,
+                              [v.aval for v in eqn.invars], [v.aval for v in eqn.outvars])
+            except Unsupported as why:  # named after the innermost equation refused
+                if why.primitive is None:
+                    why.primitive, why.source = eqn.primitive.name, source_line(eqn)
+                raise
+            self.work += sum(o.size for o in outs)
+            env.update(zip(eqn.outvars, outs))
+        return [read(a) for a in jaxpr.outvars]
+
+    def closed_const(self, value):
+        if is_key_dtype(getattr(value, "dtype", None)):
+            return prng.const_keys(self, value)
+        if complex_parts.is_complex(getattr(value, "dtype", None)):
+            return complex_parts.const_complex(self, value)
+        value = np.asarray(value)
+        self.check_aval(value)
+        self.consts.append(value)
+        return Array(f"c{len(self.consts) - 1}", value.shape, value.dtype)
+
+    @staticmethod
+    def check_aval(aval) -> None:
+        shape = getattr(aval, "shape", None)
+        if shape is None or not all(isinstance(d, (int, np.integer)) for d in shape):
+            raise Unsupported(f"a value of type {aval}")
+        if is_key_dtype(aval.dtype):
+            prng.key_words(aval.dtype)
+        elif not complex_parts.is_complex(aval.dtype):
+            mojo_dtype(aval.dtype)
+
+    # -- equations ---------------------------------------------------------------
+
+    def equation(self, prim, ins, outs, params, avals=None, out_avals=None) -> None:
+        method = EQUATIONS.get(prim)
+        if method not in PARTS_CARRIERS and parts.has_parts((*ins, *outs)):
+            if any(isinstance(x, Parts) and is_key_dtype(x.dtype) for x in (*ins, *outs)):
+                prng.keyed_equation(self, prim, ins, outs, params, avals, out_avals)
+            else:
+                complex_parts.complex_equation(self, prim, ins, outs, params)
+            return
+        if method is None and avals is not None:
+            # A primitive whose rule is a decomposition (jax.scipy's special
+            # functions, equinox's unvmap_any through juju's fallback, ...):
+            # the same jaxpr, written here.
+            closed = self.decomposition(prim, avals, out_avals, params)
+            if closed is not None:
+                outs_of = self.jaxpr(closed, ins)
+                for src, dst in zip(outs_of, outs, strict=True):
+                    self.copy(src, dst)
+                return
+        if method is None:
+            raise Unsupported(f"primitive {prim.name}")
+        method(self, prim, ins, outs, **params)
+
+    @staticmethod
+    def decomposition(prim, avals, out_avals, params):
+        """The closed jaxpr that the highest-priority rule for `prim` with a
+        decomposition (`juju.lower_fun`, the core's fallback) would lower, or
+        None. Key arrays are their raw data there."""
+        from types import SimpleNamespace
+
+        from juju.plugins import registry
+
+        if avals is None or out_avals is None:
+            return None
+        ctx = SimpleNamespace(primitive=prim, avals_in=tuple(avals), avals_out=tuple(out_avals),
+                              params=params, device=None, eqn=None)
+        for rule in registry().candidates(prim):
+            decompose = getattr(rule.fn, "decomposition", None)
+            if decompose is None or rule.guard is not None or rule.requires:
+                continue
+            if not rule.accepts((*avals, *out_avals)):
+                continue
+            try:
+                return decompose(ctx)
+            except Exception as why:  # no decomposition for these avals
+                raise Unsupported(f"{prim.name}: {why}") from why
+        # The core's fallback (guarded: it applies where JAX's own
+        # implementation traces), for equinox's unvmap_any, nonbatchable, ...
+        return fallback.implementation(prim, avals, params)
+
+    def convert(self, x: str, src, dst) -> str:
+        src, dst = np.dtype(src), np.dtype(dst)
+        if dst == np.bool_:
+            return f"{x} != 0"
+        if src.kind == "f" and dst.kind in "iu":
+            return f"float_to_int[{mojo_dtype(src)}, {mojo_dtype(dst)}]({x})"
+        return f"{x}.cast[{mojo_dtype(dst)}]()"
+
+    def copy_strided(self, shape, dst: Array, dst_strides, src, src_strides,
+                     dst_offset: str = "", src_offset: str = "") -> None:
+        """dst[dst_offset + sum(i * dst_stride)] = src[src_offset + sum(i * src_stride)]
+        for every index i of `shape`."""
+        def body(idx):
+            to = add_offsets(dst_offset, index_expr(idx, dst_strides))
+            at = add_offsets(src_offset, index_expr(idx, src_strides))
+            self.emit(f"{dst.at(to)} = {src.at(at)}")
+
+        if math.prod(shape):
+            self.nest(shape, body)
+
+    def strided(self, out: Array, src, src_strides, src_offset: str = "") -> None:
+        """out[i...] = src[offset + sum(i * stride)] over out's shape."""
+        self.copy_strided(out.shape, out, row_major(out.shape), src, src_strides,
+                          src_offset=src_offset)
+
+    def fill(self, dst: Array, value: str) -> None:
+        """dst[:] = value (a scalar expression)."""
+        with self.each(0, dst.size) as k:
+            self.emit(f"{dst.at(k)} = {value}")
+
+    def advance(self, new, staged, carry) -> None:
+        """carry = new. A value computed in the body is copied straight in;
+        one that is a carry, an input or a literal goes through `staged`
+        (a carry may be overwritten before another reads it)."""
+        carried = {(c.ptr, c.offset) for c in carry}
+        computed = [isinstance(v, (Array, Parts)) and (v.ptr, v.offset) in self.scratch_ids
+                    and (v.ptr, v.offset) not in carried for v in new]
+        for src, dst, direct in zip(new, staged, computed):
+            if not direct:
+                self.copy(src, dst)
+        for src, tmp, dst, direct in zip(new, staged, carry, computed):
+            self.copy(src if direct else tmp, dst)
