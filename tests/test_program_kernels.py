@@ -173,3 +173,37 @@ def test_a_kernel_that_fails_to_build_falls_back_to_max_ops(monkeypatch):
     assert [e.primitive.name for e in f.lower(x).closed_jaxpr.jaxpr.eqns] == ["mojo_program"]
     assert not _is_program_kernel(chain, (x,))
     assert_same(juju.to_numpy(f(x)), np.asarray(jax.jit(chain)(x)))
+
+
+def test_the_path_and_every_refusal_are_named(monkeypatch, caplog):
+    """`juju.explain(...).notes`, `Lowered.notes` and the first lowering's
+    INFO line say "one generated kernel", or name each refused equation
+    (primitive, reason, the user's line) and a limit with its numbers."""
+    monkeypatch.setenv("JUJU_PROGRAM_KERNELS", "1")
+
+    def two_refusals(x, long_row):
+        top = lax.top_k(x * 2.0, 3)[0]
+        return jnp.sort(long_row)[:3] + top  # rows longer than the generator sorts
+
+    def over_the_limit(x):
+        return jnp.tanh(x @ x.T) * 2.0 + 1.0  # element work beyond the whole-program limit
+
+    x, row = rng.standard_normal(8).astype(np.float32), rng.standard_normal(5000).astype(
+        np.float32)
+    with caplog.at_level("INFO", logger="juju"):
+        refused = juju.jit(two_refusals, tiered=False).lower(x, row)
+    (note,) = refused.notes
+    assert note.startswith("juju-kernels-mojo: MAX ops only; refused: ")
+    assert "top_k: primitive top_k at " in note and "test_program_kernels.py" in note
+    assert "sort: sort of rows of 5000 elements" in note
+    assert any(note in record.getMessage() for record in caplog.records)
+    assert juju.explain(two_refusals, x, row).notes == (note,)
+
+    big = rng.standard_normal((600, 600)).astype(np.float32)
+    (note,) = juju.jit(over_the_limit, tiered=False).lower(big).notes
+    assert "refused: program: " in note and "element operations > the limit" in note
+
+    assert juju.jit(special_floats, tiered=False).lower(SPECIAL, SPECIAL).notes == (
+        "juju-kernels-mojo: one generated kernel",)
+    monkeypatch.setenv("JUJU_PROGRAM_KERNELS", "0")
+    assert juju.jit(special_floats, tiered=False).lower(SPECIAL, SPECIAL).notes == ()

@@ -295,3 +295,18 @@ def test_messages_name_a_partial_by_its_function():
     closed = jax.make_jaxpr(lambda x: x * 2)(1.0)
     text = describe(functools.partial(jax.extend.core.jaxpr_as_fun, closed))
     assert text.startswith("jaxpr_as_fun (") and "lambda" not in text
+
+
+def test_a_long_step_shows_it_is_alive(caplog):
+    """`heartbeat` writes "still <what> (N s)" while a compile or a kernel
+    build runs, and stops when it ends."""
+    import time
+
+    with caplog.at_level("INFO", logger="juju"):
+        with logs.heartbeat("compiling f for cpu with MAX", every=0.05):
+            time.sleep(0.3)
+        count = len(caplog.records)
+        time.sleep(0.15)
+    beats = [r.getMessage() for r in caplog.records]
+    assert len(beats) >= 3 and len(caplog.records) == count
+    assert all(b.startswith("juju: still compiling f for cpu with MAX (") for b in beats)

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from juju import cache, compile_worker
 from juju.errors import CompileError, CompilerCrashError
-from juju.logs import log, progress
+from juju.logs import heartbeat, log, progress
 
 _WORKER_SCRIPT = compile_worker.__file__
 
@@ -122,23 +122,25 @@ def _compile(job: Job, session_of) -> Path:
     _in_flight.update((graph_path, mef))
     progress("juju: compiling %s for %s with MAX", job.what, job.device[0])
     start = time.perf_counter()
-    try:
-        if in_process():
-            with max_building():
-                try:
-                    compile_worker.compile_to_mef(session_of(job.device), job.text,
-                                                  job.extensions, str(mef))
-                except Exception as exc:
-                    raise CompileError(_failed(job, compile_worker.compile_reason(exc))) from exc
-        else:
-            _compile_in_worker(job, graph_path, mef)
-    except BaseException as exc:
-        _unlink(mef)
-        if not isinstance(exc, CompilerCrashError):  # its message has the reason
-            _unlink(graph_path)
-        raise
-    finally:
-        _in_flight.difference_update((graph_path, mef))
+    with heartbeat(f"compiling {job.what} for {job.device[0]} with MAX"):
+        try:
+            if in_process():
+                with max_building():
+                    try:
+                        compile_worker.compile_to_mef(session_of(job.device), job.text,
+                                                      job.extensions, str(mef))
+                    except Exception as exc:
+                        reason = compile_worker.compile_reason(exc)
+                        raise CompileError(_failed(job, reason)) from exc
+            else:
+                _compile_in_worker(job, graph_path, mef)
+        except BaseException as exc:
+            _unlink(mef)
+            if not isinstance(exc, CompilerCrashError):  # its message has the reason
+                _unlink(graph_path)
+            raise
+        finally:
+            _in_flight.difference_update((graph_path, mef))
     _unlink(graph_path)  # kept only where the compiler crashed, to reproduce it
     progress("juju: compiled %s for %s in %.1f s", job.what, job.device[0],
              time.perf_counter() - start)

@@ -15,11 +15,14 @@ cache lines.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
 import reprlib
 import sys
+import threading
+import time
 
 log = logging.getLogger("juju")
 log.addHandler(logging.NullHandler())
@@ -50,6 +53,31 @@ def progress(msg: str, *args) -> None:
     elif log.level == logging.NOTSET and not logging.getLogger().handlers:
         # Nobody chose a level: show progress, as a script's user expects.
         _stderr.handle(log.makeRecord(log.name, logging.INFO, "(juju)", 0, msg, args, None))
+
+
+#: Seconds between the lines `heartbeat` writes while a long step runs.
+HEARTBEAT_SECONDS = 10.0
+
+
+@contextlib.contextmanager
+def heartbeat(what: str, every: float | None = None):
+    """While the block runs, a `progress` line every `every` seconds
+    (`HEARTBEAT_SECONDS`): "juju: still <what> (20 s)", so that a compile of
+    minutes shows it is alive."""
+    every = HEARTBEAT_SECONDS if every is None else every
+    done = threading.Event()
+    start = time.perf_counter()
+
+    def beat():
+        while not done.wait(every):
+            progress("juju: still %s (%.0f s)", what, time.perf_counter() - start)
+
+    thread = threading.Thread(target=beat, name="juju-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def describe(fun) -> str:

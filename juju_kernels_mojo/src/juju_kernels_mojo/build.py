@@ -34,6 +34,7 @@ from filelock import FileLock
 
 from juju import CompileError
 from juju import cache as juju_cache
+from juju.logs import heartbeat
 
 log = logging.getLogger("juju")
 
@@ -188,7 +189,8 @@ def _build(source_dir: Path, target: Path, name: str, command) -> float:
     start = time.perf_counter()
     try:
         args = command(tmp)
-        proc = _run_mojo(args, cwd=tmp_dir)
+        with heartbeat(f"building Mojo kernel library '{name}'"):
+            proc = _run_mojo(args, cwd=tmp_dir)
         if proc.returncode != 0 or not tmp.exists():
             raise CompileError(
                 f"mojo {args[0]} of kernel library '{name}' ({source_dir}) failed "
