@@ -127,6 +127,16 @@ def place(jaxpr) -> tuple[list | None, Plan]:
     refusals = _refusals(jaxpr, whole)
     if not islands_enabled():
         return None, Plan(0, len(jaxpr.eqns), refusals)
+    eqns = _islands(jaxpr)
+    kernels, max_ops = _counts(eqns)
+    changed = any(a is not b for a, b in zip(eqns, jaxpr.eqns)) or len(eqns) != len(jaxpr.eqns)
+    return (eqns if changed else None), Plan(kernels, max_ops, refusals)
+
+
+def _islands(jaxpr) -> list:
+    """`jaxpr`'s equations with each long run the generator writes as a
+    kernel, and the loops, branches and calls left to MAX placed the same
+    way inside."""
     eqns, done = [], 0
     for start, stop in _runs(jaxpr):
         eqns += jaxpr.eqns[done:start]  # the equations between runs: MAX ops
@@ -134,9 +144,43 @@ def place(jaxpr) -> tuple[list | None, Plan]:
         eqns += island if isinstance(island, list) else jaxpr.eqns[start:stop]
         done = stop
     eqns += jaxpr.eqns[done:]
-    kernels = sum(e.primitive is program_p for e in eqns)
-    plan = Plan(kernels, len(eqns) - kernels, refusals)
-    return (None if not kernels else eqns), plan
+    return [e if e.primitive is program_p else _inside(e) for e in eqns]
+
+
+def _inside(eqn):
+    """`eqn` with the jaxprs it holds (a loop's body, a cond's branches, a
+    call's body) placed as islands; `eqn` itself where nothing changes."""
+    params, changed = dict(eqn.params), False
+    for name, value in eqn.params.items():
+        held = value if isinstance(value, tuple) else (value,)
+        if not held or not all(isinstance(v, ClosedJaxpr) for v in held):
+            continue
+        placed = []
+        for closed in held:
+            body = closed.jaxpr
+            new = None if body.effects or not body.eqns else _islands(body)
+            same = new is None or (len(new) == len(body.eqns)
+                                   and all(a is b for a, b in zip(new, body.eqns)))
+            placed.append(closed if same else ClosedJaxpr(body.replace(eqns=new), closed.consts))
+            changed |= not same
+        params[name] = tuple(placed) if isinstance(value, tuple) else placed[0]
+    return eqn.replace(params=params) if changed else eqn
+
+
+def _counts(eqns) -> tuple[int, int]:
+    """(kernels, MAX ops) among `eqns` and the jaxprs they hold."""
+    kernels = max_ops = 0
+    for eqn in eqns:
+        if eqn.primitive is program_p:
+            kernels += 1
+            continue
+        max_ops += 1
+        for value in eqn.params.values():
+            for held in value if isinstance(value, tuple) else (value,):
+                if isinstance(held, ClosedJaxpr):
+                    k, m = _counts(held.jaxpr.eqns)
+                    kernels, max_ops = kernels + k, max_ops + m
+    return kernels, max_ops
 
 
 def _refusals(jaxpr, whole: Refusal | None) -> tuple[Refusal, ...]:

@@ -148,6 +148,7 @@ def _gemm(emitter, lhs, rhs, out, dimension_numbers) -> bool:
     m = math.prod(d for i, d in enumerate(lhs.shape) if i not in lb and i not in lc)
     n = math.prod(d for i, d in enumerate(rhs.shape) if i not in rb and i not in rc)
     symbol = library.sgemm if out.dtype == np.float32 else library.dgemm
+    emitter.threads = True
     emitter.emit(f'blas_gemm[{mojo_dtype(out.dtype)}, "{library.path}", "{symbol}", '
                  f'{library.ilp64}]({ta}, {tb}, {batch}, {m}, {n}, {k}, {lhs.address()}, '
                  f'{rhs.address()}, {out.address()})')

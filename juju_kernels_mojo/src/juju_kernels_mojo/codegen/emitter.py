@@ -46,6 +46,7 @@ class Emitter:
         self.work = 0  # element operations per outermost iteration, roughly
         self.consts: list[np.ndarray] = []  # closed-over arrays: extra kernel inputs
         self.in_task = False  # writing the body of a task on a worker thread
+        self.threads = False  # uses THREADS_PRELUDE (tasks on the cores, the BLAS)
 
     # -- text ------------------------------------------------------------------
 
@@ -135,6 +136,7 @@ class Emitter:
         if work < PARALLEL_MIN or size < 2 * width or self.in_task:
             yield "0", str(size)
             return
+        self.threads = True
         task, t, cores, chunk = (self.fresh(x) for x in ("task", "t", "cores", "chunk"))
         start, stop = self.fresh("lo"), self.fresh("hi")
         self.emit(f"var {cores} = kernel_cores()")

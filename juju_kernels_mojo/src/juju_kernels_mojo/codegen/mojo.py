@@ -283,77 +283,6 @@ from std.bit import count_leading_zeros, pop_count
 from std.memory import bitcast
 from std.sys import bit_width_of
 from std.utils.numerics import FlushDenormals, inf, max_finite, min_finite, nan
-from std.ffi import OwnedDLHandle
-from std.os import getenv
-from std.sys import num_physical_cores
-from max.algorithm import sync_parallelize
-
-
-def kernel_cores() -> Int:
-    """The threads a generated kernel's large loops and products use: the
-    physical cores, or JUJU_KERNEL_THREADS."""
-    var asked = getenv("JUJU_KERNEL_THREADS")
-    if asked:
-        try:
-            return max(1, atol(asked))
-        except:
-            pass
-    return num_physical_cores()
-
-
-def blas_gemm[dt: DType, library: StaticString, symbol: StaticString, ilp64: Bool](
-    ta: Bool, tb: Bool, batch: Int, m: Int, n: Int, k: Int,
-    a: UnsafePointer[Scalar[dt], MutAnyOrigin], b: UnsafePointer[Scalar[dt], MutAnyOrigin],
-    c: UnsafePointer[Scalar[dt], MutAnyOrigin],
-) raises:
-    """c[i] = op(a[i]) op(b[i]) for i < batch through the BLAS's row-major
-    ?gemm; a large product in blocks (matrices, else row or column blocks),
-    one per core (the library is a single-threaded copy)."""
-    var lib = OwnedDLHandle(library)
-    var gemm = lib.get_function[NoneType](symbol)
-    var lda = m if ta else k
-    var ldb = k if tb else n
-    var trans_a = Int32(112) if ta else Int32(111)
-    var trans_b = Int32(112) if tb else Int32(111)
-    var one = Scalar[dt](1)
-    var zero = Scalar[dt](0)
-
-    def block(i: Int, r0: Int, r1: Int, c0: Int, c1: Int) {var}:
-        var a0 = a.unsafe_offset(i * m * k + (r0 if ta else r0 * k))
-        var b0 = b.unsafe_offset(i * k * n + (c0 * k if tb else c0))
-        var c00 = c.unsafe_offset(i * m * n + r0 * n + c0)
-        comptime if ilp64:
-            gemm(Int32(101), trans_a, trans_b, r1 - r0, c1 - c0, k, one, a0, lda, b0, ldb,
-                 zero, c00, n)
-        else:
-            gemm(Int32(101), trans_a, trans_b, Int32(r1 - r0), Int32(c1 - c0), Int32(k), one,
-                 a0, Int32(lda), b0, Int32(ldb), zero, c00, Int32(n))
-
-    var tasks = kernel_cores()
-    if batch * m * n * k < (1 << 18) or tasks < 2:
-        for i in range(batch):
-            block(i, 0, m, 0, n)
-        return
-
-    def task(t: Int) {var}:
-        with FlushDenormals():
-            if batch >= tasks:
-                for i in range(t * batch // tasks, (t + 1) * batch // tasks):
-                    block(i, 0, m, 0, n)
-            elif n >= m:  # column blocks, whole SIMD vectors wide
-                var width = ((n + tasks - 1) // tasks + 15) // 16 * 16
-                for i in range(batch):
-                    var c0 = min(t * width, n)
-                    if c0 < n:
-                        block(i, 0, m, c0, min(c0 + width, n))
-            else:
-                var height = (m + tasks - 1) // tasks
-                for i in range(batch):
-                    var r0 = min(t * height, m)
-                    if r0 < m:
-                        block(i, r0, min(r0 + height, m), 0, n)
-
-    sync_parallelize(task, tasks)
 
 
 @always_inline
@@ -545,3 +474,81 @@ ELEMENTWISE = {
     P.eq_to_p, P.lt_to_p, P.le_to_p, P.integer_pow_p, P.select_n_p, P.clamp_p, P.convert_element_type_p, P.add_jaxvals_p,
     P.rem_p, P.pow_p, P.round_p, P.nextafter_p, *SHIFTS, *BIT_COUNTS, P.bitcast_convert_type_p,
 }
+
+
+#: What kernels that run work on the cores (`Emitter.split`, the BLAS) add
+#: to PRELUDE: written only into those, since the imports cost every build
+#: a few seconds.
+THREADS_PRELUDE = '''
+from std.ffi import OwnedDLHandle
+from std.os import getenv
+from std.sys import num_physical_cores
+from max.algorithm import sync_parallelize
+
+
+def kernel_cores() -> Int:
+    """The threads a generated kernel's large loops and products use: the
+    physical cores, or JUJU_KERNEL_THREADS."""
+    var asked = getenv("JUJU_KERNEL_THREADS")
+    if asked:
+        try:
+            return max(1, atol(asked))
+        except:
+            pass
+    return num_physical_cores()
+
+
+def blas_gemm[dt: DType, library: StaticString, symbol: StaticString, ilp64: Bool](
+    ta: Bool, tb: Bool, batch: Int, m: Int, n: Int, k: Int,
+    a: UnsafePointer[Scalar[dt], MutAnyOrigin], b: UnsafePointer[Scalar[dt], MutAnyOrigin],
+    c: UnsafePointer[Scalar[dt], MutAnyOrigin],
+) raises:
+    """c[i] = op(a[i]) op(b[i]) for i < batch through the BLAS's row-major
+    ?gemm; a large product in blocks (matrices, else row or column blocks),
+    one per core (the library is a single-threaded copy)."""
+    var lib = OwnedDLHandle(library)
+    var gemm = lib.get_function[NoneType](symbol)
+    var lda = m if ta else k
+    var ldb = k if tb else n
+    var trans_a = Int32(112) if ta else Int32(111)
+    var trans_b = Int32(112) if tb else Int32(111)
+    var one = Scalar[dt](1)
+    var zero = Scalar[dt](0)
+
+    def block(i: Int, r0: Int, r1: Int, c0: Int, c1: Int) {var}:
+        var a0 = a.unsafe_offset(i * m * k + (r0 if ta else r0 * k))
+        var b0 = b.unsafe_offset(i * k * n + (c0 * k if tb else c0))
+        var c00 = c.unsafe_offset(i * m * n + r0 * n + c0)
+        comptime if ilp64:
+            gemm(Int32(101), trans_a, trans_b, r1 - r0, c1 - c0, k, one, a0, lda, b0, ldb,
+                 zero, c00, n)
+        else:
+            gemm(Int32(101), trans_a, trans_b, Int32(r1 - r0), Int32(c1 - c0), Int32(k), one,
+                 a0, Int32(lda), b0, Int32(ldb), zero, c00, Int32(n))
+
+    var tasks = kernel_cores()
+    if batch * m * n * k < (1 << 18) or tasks < 2:
+        for i in range(batch):
+            block(i, 0, m, 0, n)
+        return
+
+    def task(t: Int) {var}:
+        with FlushDenormals():
+            if batch >= tasks:
+                for i in range(t * batch // tasks, (t + 1) * batch // tasks):
+                    block(i, 0, m, 0, n)
+            elif n >= m:  # column blocks, whole SIMD vectors wide
+                var width = ((n + tasks - 1) // tasks + 15) // 16 * 16
+                for i in range(batch):
+                    var c0 = min(t * width, n)
+                    if c0 < n:
+                        block(i, 0, m, c0, min(c0 + width, n))
+            else:
+                var height = (m + tasks - 1) // tasks
+                for i in range(batch):
+                    var r0 = min(t * height, m)
+                    if r0 < m:
+                        block(i, r0, min(r0 + height, m), 0, n)
+
+    sync_parallelize(task, tasks)
+'''

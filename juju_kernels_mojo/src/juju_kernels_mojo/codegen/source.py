@@ -10,7 +10,7 @@ import numpy as np
 from juju.dtypes import physical_aval
 from juju_kernels_mojo.codegen import parts, prng, sort
 from juju_kernels_mojo.codegen.emitter import Emitter
-from juju_kernels_mojo.codegen.mojo import PRELUDE, Array, mojo_dtype
+from juju_kernels_mojo.codegen.mojo import PRELUDE, THREADS_PRELUDE, Array, mojo_dtype
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,7 @@ def loop_source(prim, params, in_avals, out_avals, name: str,
         entry = _custom_op_entry(name, inputs, out_data, len(in_avals))
     source = "\n".join([
         PRELUDE,
+        *([THREADS_PRELUDE] if e.threads else []),
         prng.PRELUDE,
         sort.PRELUDE,
         "",
