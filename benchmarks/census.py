@@ -99,7 +99,9 @@ def census(items) -> tuple[collections.Counter, dict, collections.Counter]:
     by_class: collections.Counter = collections.Counter()
     examples: dict[str, str] = {}
     paths: collections.Counter = collections.Counter()
-    for name, plans in items:
+    for count, (name, plans) in enumerate(items, 1):
+        if count % 250 == 0:
+            print(f"  ... {count} programs", file=sys.stderr, flush=True)
         if isinstance(plans, str):
             paths[plans.split(":")[0]] += 1
             continue

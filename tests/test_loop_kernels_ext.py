@@ -213,6 +213,26 @@ def pads_and_stacks(x, p):
     return lax.scan(step, jnp.float32(0.5), (x, p))
 
 
+def top_ks(x, i):
+    """lax.top_k in XLA's total order (NaN first, -NaN last, 0.0 before
+    -0.0, ties by lower index), k of 1, 3 and the whole row, along either
+    axis; int32 rows with ties."""
+    def step(c, v):
+        a, b = v
+        outs = (*lax.top_k(a + c, 3), *lax.top_k(a, a.shape[-1]), *lax.top_k(a, 1),
+                *lax.top_k(a, 2, axis=0), *lax.top_k(b, 4))
+        return c + 1.0, outs
+    return lax.scan(step, jnp.float32(0.0), (x, i))
+
+
+def _top_k_rows():
+    rows = np.tile(SPECIAL, (3, 2, 1)).reshape(3, 4, 8)
+    rows[:, :, 1] = np.float32(-np.nan)
+    rows[1] = normal(4, 8)
+    ints = rng.integers(-3, 4, size=(3, 5, 9)).astype(np.int32)
+    return rows, ints
+
+
 def reshapes_and_products(x, w, wt, xb):
     """jnp.tile, lax.reshape with dimensions (a transpose first),
     device_put and optimization_barrier (values as they are), and products
@@ -429,6 +449,7 @@ CASES = {
     "scatters": (scatters, _scatter_args()),
     "arg_extremes": (arg_extremes, _extreme_rows()),
     "pads_and_stacks": (pads_and_stacks, (normal(3, 4, 5), normal(3))),
+    "top_k": (top_ks, _top_k_rows()),
     "reshapes_and_products": (reshapes_and_products, (normal(2, 32, 256), normal(256, 128) / 16,
                                                       normal(128, 256) / 16,
                                                       normal(2, 4, 48, 48) / 7)),

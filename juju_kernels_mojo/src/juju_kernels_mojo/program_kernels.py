@@ -34,7 +34,7 @@ from juju_kernels_mojo.codegen import control_flow
 #: is at most WORK_PER_EQUATION (convolutions count double where they are
 #: scalar loops). With SIMD convolutions (NHWC/HWIO) haiku's block is one
 #: kernel: 0.41 ms, against 0.70 with scalar ones and jax.jit's 0.30-0.40.
-PROGRAM_MAX_WORK = 1 << 18
+PROGRAM_MAX_WORK = 1 << 21
 WORK_PER_EQUATION = 4096
 #: Runs of fewer equations (those in branches and calls included) between
 #: MAX ops stay MAX ops (islands): each island is a custom op of its own. A

@@ -16,14 +16,20 @@ from juju_kernels_mojo.codegen.mojo import (ELEMENTWISE, FLOAT_ONLY, INTEGER_ONL
 from juju_kernels_mojo.codegen.mojo import strides as row_major
 
 
-def elementwise(emitter, prim, ins, outs, **params):
-    (out,) = outs
-    dt = ins[0].dtype
+def check(prim, dt) -> None:
+    """Raise `Unsupported` where `prim` has no form for operands of `dt`."""
     floating = dt.kind == "f"
     if (prim in FLOAT_ONLY and not floating) or (prim in NOT_BOOL and dt == np.bool_):
         raise Unsupported(f"{prim.name} of {dt}")
     if prim in INTEGER_ONLY and floating:
         raise Unsupported(f"{prim.name} of {dt}")
+
+
+def elementwise(emitter, prim, ins, outs, **params):
+    (out,) = outs
+    dt = ins[0].dtype
+    floating = dt.kind == "f"
+    check(prim, dt)
     if not out.size:
         return
     if all(x.shape == out.shape or x.size == 1 for x in ins):
@@ -77,32 +83,40 @@ def vector_elementwise(emitter, prim, ins, out, dt) -> int:
 
 def element(emitter, prim, ins, out, args, at, dt, params):
     """out[at] = prim(args), the operands' elements as expressions."""
+    expr = expression(emitter, prim, [x.dtype for x in ins], out.dtype, args, params)
+    emitter.emit(f"{out.at(at)} = {expr}")
+
+
+def expression(emitter, prim, dtypes, out_dtype, args, params) -> str:
+    """prim(args) of one element, the operands' dtypes `dtypes`, as an
+    expression (integer powers may emit statements first)."""
+    dt = dtypes[0]
+    check(prim, dt)
     if prim is P.integer_pow_p:
-        expr = integer_pow(emitter, args[0], dt, params["y"])
-    elif prim is P.select_n_p:
+        return integer_pow(emitter, args[0], dt, params["y"])
+    if prim is P.select_n_p:
         expr = args[-1]
         for i in reversed(range(1, len(args) - 1)):
-            test = args[0] if ins[0].dtype == np.bool_ else f"{args[0]} == {i - 1}"
-            expr = f"({args[i]} if not {test} else {expr})" if ins[0].dtype == np.bool_ \
+            test = args[0] if dtypes[0] == np.bool_ else f"{args[0]} == {i - 1}"
+            expr = f"({args[i]} if not {test} else {expr})" if dtypes[0] == np.bool_ \
                 else f"({args[i]} if {test} else {expr})"
-    elif prim is P.clamp_p:
-        expr = f"min_nan(max_nan({args[1]}, {args[0]}), {args[2]})"
-    elif prim is P.convert_element_type_p:
-        expr = emitter.convert(args[0], dt, out.dtype)
-    elif prim is P.round_p:
+        return expr
+    if prim is P.clamp_p:
+        return f"min_nan(max_nan({args[1]}, {args[0]}), {args[2]})"
+    if prim is P.convert_element_type_p:
+        return emitter.convert(args[0], dt, out_dtype)
+    if prim is P.round_p:
         even = int(params["rounding_method"]) == int(lax.RoundingMethod.TO_NEAREST_EVEN)
-        expr = f"round_{'even' if even else 'away'}({args[0]})"
-    elif prim is P.bitcast_convert_type_p:
-        if dt.itemsize != out.dtype.itemsize or dt == np.bool_ or out.dtype == np.bool_:
-            raise Unsupported(f"bitcast_convert_type from {dt} to {out.dtype}")
-        expr = f"bitcast[{mojo_dtype(out.dtype)}, 1]({args[0]})"
-    elif prim is P.pow_p:  # an integer exponent is converted, as jax's lowering does
-        y = args[1] if ins[1].dtype == dt else emitter.convert(args[1], ins[1].dtype, dt)
-        expr = f"float_pow({args[0]}, {y})"
-    else:
-        fn = unary_expression(prim) or binary_expression(prim)
-        expr = fn(dt, *args)
-    emitter.emit(f"{out.at(at)} = {expr}")
+        return f"round_{'even' if even else 'away'}({args[0]})"
+    if prim is P.bitcast_convert_type_p:
+        if dt.itemsize != out_dtype.itemsize or dt == np.bool_ or out_dtype == np.bool_:
+            raise Unsupported(f"bitcast_convert_type from {dt} to {out_dtype}")
+        return f"bitcast[{mojo_dtype(out_dtype)}, 1]({args[0]})"
+    if prim is P.pow_p:  # an integer exponent is converted, as jax's lowering does
+        y = args[1] if dtypes[1] == dt else emitter.convert(args[1], dtypes[1], dt)
+        return f"float_pow({args[0]}, {y})"
+    fn = unary_expression(prim) or binary_expression(prim)
+    return fn(dt, *args)
 
 
 def integer_pow(emitter, x: str, dtype, y: int) -> str:

@@ -18,7 +18,7 @@ from jax.extend import core as jex_core
 
 from juju import fallback
 from juju._compat import is_key_dtype, source_line
-from juju_kernels_mojo.codegen import complex_parts, parts, prng
+from juju_kernels_mojo.codegen import complex_parts, fusion, parts, prng
 from juju_kernels_mojo.codegen.mojo import (VECTOR_BYTES, Array, Const, Unsupported,
                                             add_offsets, index_expr, mojo_dtype, scalar_type)
 from juju_kernels_mojo.codegen.mojo import strides as row_major
@@ -47,6 +47,7 @@ class Emitter:
         self.consts: list[np.ndarray] = []  # closed-over arrays: extra kernel inputs
         self.in_task = False  # writing the body of a task on a worker thread
         self.threads = False  # uses THREADS_PRELUDE (tasks on the cores, the BLAS)
+        self.fusion = False  # uses fusion.FUSION_PRELUDE (vector max/min)
 
     # -- text ------------------------------------------------------------------
 
@@ -195,10 +196,23 @@ class Emitter:
                 return Const(atom.val, tuple(np.shape(atom.val)), np.dtype(atom.aval.dtype))
             return env[atom]
 
-        for eqn in jaxpr.eqns:
+        eqns, start = jaxpr.eqns, 0
+        last_use = {a: i for i, e in enumerate(eqns) for a in e.invars
+                    if not isinstance(a, jex_core.Literal)}
+        last_use.update((a, len(eqns)) for a in jaxpr.outvars
+                        if not isinstance(a, jex_core.Literal))
+        while start < len(eqns):
+            eqn = eqns[start]
             try:
                 for v in (*eqn.invars, *eqn.outvars):
                     self.check_aval(v.aval)
+                stop = fusion.run_end(eqns, start, read)
+                if stop - start >= 2:  # one loop for the run
+                    live = {v for e in eqns[start:stop] for v in e.outvars
+                            if last_use.get(v, -1) >= stop}
+                    env.update(fusion.fused(self, eqns[start:stop], read, live))
+                    start = stop
+                    continue
                 ins = [read(a) for a in eqn.invars]
                 outs = [self.value(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
                 self.equation(eqn.primitive, ins, outs, eqn.params,
@@ -209,6 +223,7 @@ class Emitter:
                 raise
             self.work += sum(o.size for o in outs)
             env.update(zip(eqn.outvars, outs))
+            start += 1
         return [read(a) for a in jaxpr.outvars]
 
     def closed_const(self, value):

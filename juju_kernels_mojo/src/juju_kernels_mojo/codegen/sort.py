@@ -1,4 +1,4 @@
-"""lax.sort in generated kernels: a stable sort of each row along the
+"""lax.sort and lax.top_k in generated kernels. sort: a stable sort of each row along the
 sorted dimension. Short rows (eigenvalues, a handful of candidates) are
 insertion-sorted in place; longer ones, up to MAX_ROW, are merge-sorted as a
 permutation that then moves every operand. Keys compare as jax's comparator
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from juju import primitives as P
-from juju_kernels_mojo.codegen.mojo import Unsupported, index_expr
+from juju_kernels_mojo.codegen.mojo import Unsupported, index_expr, scalar_type
 from juju_kernels_mojo.codegen.mojo import strides as row_major
 
 #: Rows up to this length are insertion-sorted (n^2 / 2 comparisons, no
@@ -133,6 +133,77 @@ def _merge_sort(emitter, ins, outs, dimension: int, num_keys: int) -> None:
     emitter.work += outs[0].size * max(1, (n - 1).bit_length())
 
 
+#: Most k x row-length a generated top_k takes (its selection is O(n k)).
+TOP_K_WORK = 1 << 22
+
+
+def top_k(emitter, prim, ins, outs, *, k, axis=-1, is_stable=True, **dynamic):
+    """The k largest of each row along `axis` in XLA's total order (NaN
+    above inf, -NaN below -inf, -0.0 below 0.0), ties by lower index (a
+    stable order, one of those jax 0.12's is_stable=False allows), and
+    their indices: each element inserted into the row's sorted best k."""
+    (operand,), (values, indices) = ins, outs
+    shape = operand.shape
+    axis = axis % len(shape)
+    n = shape[axis]
+    if len(ins) > 1 or dynamic:
+        raise Unsupported("top_k with a dynamic k")
+    if operand.dtype == np.uint64 or operand.dtype == np.bool_:
+        raise Unsupported(f"top_k of {operand.dtype}")
+    if n * k > TOP_K_WORK:
+        raise Unsupported(f"top_k of {k} in rows of {n} elements")
+    if not values.size:
+        return
+    src, dst = row_major(shape), row_major(values.shape)
+    outer = [1 if d == axis else size for d, size in enumerate(shape)]
+    keys, places = emitter.fresh("best_key"), emitter.fresh("best_at")
+    for name, kind in ((keys, "Int64"), (places, "Int")):
+        emitter.emit(f"var {name}_list = List[{kind}](length={k}, fill=0)")
+        emitter.emit(f"var {name} = {name}_list.unsafe_ptr()")
+    key = _total_order_key(operand.dtype)
+
+    def body(idx):
+        base, out_base = index_expr(idx, src), index_expr(idx, dst)
+        count, j, pos, v = (emitter.fresh(x) for x in ("count", "j", "pos", "v"))
+        emitter.emit(f"var {count} = 0")
+        with emitter.block(f"for {j} in range({n}):"):
+            at = f"{base} + {j} * {src[axis]}" if base != "0" else f"{j} * {src[axis]}"
+            emitter.emit(f"var {v} = {key(operand.at(at))}")
+            with emitter.block(f"if {count} < {k} or {v} > {keys}[unsafe_offset={k - 1}]:"):
+                emitter.emit(f"var {pos} = min({count}, {k - 1})")
+                # earlier elements with an equal key stay ahead (stable)
+                with emitter.block(f"while {pos} > 0 and {v} > {keys}[unsafe_offset={pos} - 1]:"):
+                    emitter.emit(f"{keys}[unsafe_offset={pos}] = {keys}[unsafe_offset={pos} - 1]")
+                    emitter.emit(f"{places}[unsafe_offset={pos}] = "
+                                 f"{places}[unsafe_offset={pos} - 1]")
+                    emitter.emit(f"{pos} -= 1")
+                emitter.emit(f"{keys}[unsafe_offset={pos}] = {v}")
+                emitter.emit(f"{places}[unsafe_offset={pos}] = {j}")
+                emitter.emit(f"{count} = min({count} + 1, {k})")
+        with emitter.block(f"for {j} in range({k}):"):
+            place = f"{places}[unsafe_offset={j}]"
+            to = f"{out_base} + {j} * {dst[axis]}" if out_base != "0" else f"{j} * {dst[axis]}"
+            emitter.emit(f"{values.at(to)} = {operand.at(f'{base} + {place} * {src[axis]}')}")
+            emitter.emit(f"{indices.at(to)} = {scalar_type(indices.dtype)}({place})")
+
+    emitter.nest(outer, body)
+    emitter.work += operand.size * min(k, 8)
+
+
+def _total_order_key(dtype):
+    """An Int64 expression ordering `dtype`'s values as XLA's total order."""
+    if dtype.kind != "f":
+        return lambda x: f"{x}.cast[DType.int64]()"
+    word, sign, magnitude = {4: ("int32", 31, "0x7FFFFFFF"),
+                             8: ("int64", 63, "0x7FFFFFFFFFFFFFFF")}[dtype.itemsize]
+
+    def key(x):
+        raw = f"bitcast[DType.{word}, 1]({x})"
+        return f"({raw} ^ (({raw} >> {sign}) & {magnitude})).cast[DType.int64]()"
+
+    return key
+
+
 def _less(keys) -> str:
     """Lexicographic a < b over (a_k, b_k) pairs."""
     (a, b), rest = keys[0], keys[1:]
@@ -141,7 +212,7 @@ def _less(keys) -> str:
     return f"{a} < {b} or ({a} == {b} and ({_less(rest)}))"
 
 
-EQUATIONS = {P.sort_p: sort}
+EQUATIONS = {P.sort_p: sort, P.top_k_p: top_k}
 
 #: Sort keys in jax's order, as Int64.
 PRELUDE = '''

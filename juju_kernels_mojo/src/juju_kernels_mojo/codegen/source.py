@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from juju.dtypes import physical_aval
-from juju_kernels_mojo.codegen import parts, prng, sort
+from juju_kernels_mojo.codegen import fusion, parts, prng, sort
 from juju_kernels_mojo.codegen.emitter import Emitter
 from juju_kernels_mojo.codegen.mojo import PRELUDE, THREADS_PRELUDE, Array, mojo_dtype
 
@@ -65,6 +65,7 @@ def loop_source(prim, params, in_avals, out_avals, name: str,
     source = "\n".join([
         PRELUDE,
         *([THREADS_PRELUDE] if e.threads else []),
+        *([fusion.FUSION_PRELUDE] if e.fusion else []),
         prng.PRELUDE,
         sort.PRELUDE,
         "",
