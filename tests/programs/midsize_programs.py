@@ -282,7 +282,7 @@ def flax_lstm_scan_grad(size):
     # flax's `nn.RNN` over an `nn.OptimizedLSTMCell` (a `scan` over time),
     # a dense head on every step, the gradient of a regression loss.
     batch, steps, features, hidden = sized(size, small=(16, 64, 32, 256),
-                                           large=(16, 256, 32, 256))
+                                           large=(8, 256, 32, 256))
 
     class Model(nn.Module):
         @nn.compact
@@ -312,7 +312,7 @@ def haiku_gru_dynamic_unroll(size):
     # haiku's recurrent docs: `hk.GRU` unrolled by `hk.dynamic_unroll` (time
     # major), a linear read-out of the last state; one adam step.
     batch, steps, features, hidden = sized(size, small=(32, 32, 16, 128),
-                                           large=(16, 256, 16, 256))
+                                           large=(8, 256, 16, 256))
 
     def forward(x):
         core = hk.GRU(hidden)
@@ -345,7 +345,7 @@ def diffrax_neural_ode_grad(size):
     # diffrax's "Neural ODE" example: an MLP vector field, Tsit5 with a PID
     # step-size controller, solved for a batch of initial states (vmap) and
     # saved at the data's times; the loss's value and gradient.
-    batch, times, width = sized(size, small=(32, 32, 64), large=(256, 64, 256))
+    batch, times, width = sized(size, small=(32, 32, 64), large=(128, 32, 256))
 
     class Func(eqx.Module):
         mlp: eqx.nn.MLP

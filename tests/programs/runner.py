@@ -243,14 +243,17 @@ def warm_up() -> None:
 
 
 def run_programs(cases: list[tuple[Program, str]], log=lambda message: None,
-                 first_calls: bool = False) -> dict[str, Outcome]:
-    """Run `(program, size)` cases; outcomes by case name (`program[size]`)."""
+                 first_calls: bool = False, done=lambda outcomes: None) -> dict[str, Outcome]:
+    """Run `(program, size)` cases; outcomes by case name (`program[size]`).
+    With `first_calls`, the large cases run first (the slow ones, and the
+    measurement a cut-short run most needs), and `done(outcomes)` is called
+    after each case (a long run leaves its report as it goes)."""
     from tests.programs.report import backend
 
     outcomes = {o.name: o for o in (Outcome(p, size) for p, size in cases)}
     if first_calls:
         warm_up()
-        for o in outcomes.values():
+        for o in sorted(outcomes.values(), key=lambda o: -SIZES.index(o.size)):
             _prepare(o)
             if o.status == "pending":
                 _first_call(o)
@@ -259,6 +262,7 @@ def run_programs(cases: list[tuple[Program, str]], log=lambda message: None,
             if o.jitted is not None and o.jitted.executables:
                 o.backend = backend(o)
             log(_progress(o))
+            done(outcomes)
         return outcomes
     for o in outcomes.values():
         _prepare(o)
@@ -291,7 +295,7 @@ def _progress(o: Outcome) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from tests.programs.report import report
+    from tests.programs.report import report, write
 
     programs = load_all()
     names = [a for a in argv if not a.startswith("-")]
@@ -299,7 +303,8 @@ def main(argv: list[str]) -> int:
     chosen = [programs[n] for n in names] if names else list(programs.values())
     cases = [(p, size) for p in chosen for size in p.sizes if size in sizes]
     outcomes = run_programs(cases, log=lambda m: print(f"[programs] {m}", flush=True),
-                            first_calls="--first-calls" in argv)
+                            first_calls="--first-calls" in argv,
+                            done=lambda found: write(report(found.values())))
     print()
     for o in outcomes.values():
         print(f"{o.name:40} {o.program.library:10} {o.summary()}")

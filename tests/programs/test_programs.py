@@ -34,6 +34,10 @@ def _param(program, size):
     return pytest.param(program.name, size, marks=marks, id=f"{program.name}-{size}")
 
 
+def _log(message: str) -> None:
+    print(f"[programs] {message}", flush=True)  # shown with -s: a long run's progress
+
+
 @pytest.fixture(scope="module")
 def outcomes(request):
     chosen = selected(request, "name", "size")
@@ -41,7 +45,8 @@ def outcomes(request):
     first_calls = os.environ.get("JUJU_PROGRAMS_FIRST_CALLS", "0") not in ("", "0")
     with pytest.MonkeyPatch.context() as patch:  # as users run them (tests/conftest.py: off)
         patch.setenv("JUJU_PROGRAM_KERNELS", "1")
-        found = run_programs(cases, first_calls=first_calls)
+        found = run_programs(cases, log=_log, first_calls=first_calls,
+                             done=lambda found: write(report(found.values())))
     REPORT[:] = report(found.values())
     REPORT.append(f"\n(written to {write(REPORT)})")
     return found
