@@ -7,7 +7,8 @@
     python3 dev.py wheels        # build, check and install the four wheels; run the demo
                                  # (--no-install: build and check only)
     python3 dev.py conformance   # JAX's primitive harnesses -> docs/coverage.md
-    python3 dev.py programs      # the real-programs tier (flax, optax, ...) vs jax.jit
+    python3 dev.py programs      # the real-programs tier (flax, optax, ...) vs jax.jit, two
+                                 # sizes (--cold: juju's caches empty, in a temporary folder)
     python3 dev.py bench         # benchmarks, juju vs jax.jit (--cold-start: empty caches)
     python3 dev.py fuzz --count 2000   # random programs vs jax.jit (tests/fuzz)
     python3 dev.py census        # what the Mojo generator refuses, counted by class
@@ -249,12 +250,13 @@ def _wheel_problems(wheel_files: list[Path]) -> list[str]:
 # --- commands ----------------------------------------------------------------------
 
 
-def _program_requirements(python: Path) -> list[str]:
-    """tests/programs/requirements.txt, holding jax, jaxlib and numpy at the
-    versions installed for `python` (newer library releases may ask for a
-    newer jax)."""
-    text = (ROOT / "tests" / "programs" / "requirements.txt").read_text()
-    wanted = [line.split("#")[0].strip() for line in text.splitlines()]
+def _program_requirements(python: Path, files=("requirements.txt",)) -> list[str]:
+    """tests/programs' requirement `files`, holding jax, jaxlib and numpy at
+    the versions installed for `python` (newer library releases may ask for
+    a newer jax). requirements.txt serves CI's subset too; requirements-more.txt
+    holds libraries only `dev.py programs` runs."""
+    wanted = [line.split("#")[0].strip() for name in files
+              for line in (ROOT / "tests" / "programs" / name).read_text().splitlines()]
     code = ("from importlib.metadata import version\n"
             "for name in ('jax', 'jaxlib', 'numpy'): print(f'{name}=={version(name)}')")
     held = subprocess.run([str(python), "-c", code], capture_output=True, text=True,
@@ -291,8 +293,16 @@ def main(argv: list[str]) -> int:
         return env.run(["-m", "pytest", "-m", "not full and not programs and not fuzz",
                         *parallel, *rest])
     if command == "programs":
-        env.ensure(_program_requirements(env.python))
-        return env.run(["-m", "pytest", "tests/programs", *rest])
+        env.ensure(_program_requirements(env.python,
+                                         ("requirements.txt", "requirements-more.txt")))
+        # each case's first call timed (tests/programs/runner.py)
+        os.environ.setdefault("JUJU_PROGRAMS_FIRST_CALLS", "1")
+        if "--cold" not in rest:
+            return env.run(["-m", "pytest", "tests/programs", *rest])
+        with tempfile.TemporaryDirectory(prefix="juju-cold-") as cache:
+            os.environ["JUJU_CACHE_DIR"] = cache  # every graph and kernel compiled anew
+            return env.run(["-m", "pytest", "tests/programs",
+                            *[a for a in rest if a != "--cold"]])
     if command == "compat":
         env.run(["-c", "import sys, jax; print(f'[dev] compatibility tier: Python "
                        "{sys.version.split()[0]}, jax {jax.__version__}', flush=True)"])

@@ -1,11 +1,11 @@
-"""The programs tier's summary: each passing program's steady-state ratio to
-jax.jit, measured in the run (tests/programs/runner.py)."""
+"""The programs tier's summary: each program's sizes side by side, measured
+in the run (tests/programs/report.py)."""
 
-from tests.programs.runner import RATIO_ROWS
+from tests.programs.report import REPORT
 
 
 def pytest_terminal_summary(terminalreporter):
-    if RATIO_ROWS:
-        terminalreporter.section("steady state, juju / jax.jit")
-        for row in RATIO_ROWS:
+    if REPORT:
+        terminalreporter.section("programs: juju / jax.jit by size, first calls, back ends")
+        for row in REPORT:
             terminalreporter.write_line(row)

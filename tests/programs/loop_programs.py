@@ -1,24 +1,26 @@
 """Programs in plain jax: a graph network with `segment_sum` and a 100-step
-training loop under `lax.fori_loop`."""
+training loop under `lax.fori_loop`. Large: a graph of 4096 nodes and 16384
+edges, a regression of 512 samples of 256 features."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tests.programs.registry import program
+from tests.programs.registry import program, sized
 
 
 @program("graph_network_segment_sum", "jax", rtol=1e-4, atol=1e-5, ci=True)
-def graph_network_segment_sum():
+def graph_network_segment_sum(size):
     import jax
     import jax.numpy as jnp
 
     rng = np.random.default_rng(0)
-    nodes, edges, features = 6, 10, 4
+    nodes, edges, features = sized(size, small=(6, 10, 4), large=(4096, 16384, 64))
     senders = jnp.asarray(rng.integers(0, nodes, size=edges), jnp.int32)
     receivers = jnp.asarray(rng.integers(0, nodes, size=edges), jnp.int32)
-    params = {"edge": jnp.asarray(rng.normal(size=(2 * features, features)), jnp.float32),
-              "node": jnp.asarray(rng.normal(size=(2 * features, features)), jnp.float32)}
+    scale = sized(size, small=1.0, large=(2 * features) ** -0.5)  # large: tanh not saturated
+    params = {"edge": jnp.asarray(scale * rng.normal(size=(2 * features, features)), jnp.float32),
+              "node": jnp.asarray(scale * rng.normal(size=(2 * features, features)), jnp.float32)}
 
     def message_passing(params, x):
         # jraph's GraphNetwork: edge update, segment_sum to receivers, node update
@@ -34,14 +36,19 @@ def graph_network_segment_sum():
 
 
 @program("fori_loop_training_100_steps", "jax", rtol=1e-4, atol=1e-5)
-def fori_loop_training_100_steps():
+def fori_loop_training_100_steps(size):
     import jax
     import jax.numpy as jnp
 
     rng = np.random.default_rng(1)
-    x = rng.normal(size=(32, 4)).astype(np.float32)
-    y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]]) + 0.7).astype(np.float32)
-    params = {"w": np.zeros((4, 1), np.float32), "b": np.zeros((1,), np.float32)}
+    n, features = sized(size, small=(32, 4), large=(512, 256))
+    x = rng.normal(size=(n, features)).astype(np.float32)
+    if size == "small":
+        true_w = np.array([[1.0], [-2.0], [0.5], [3.0]])
+    else:
+        true_w = rng.normal(size=(features, 1)) / np.sqrt(features)
+    y = (x @ true_w + 0.7).astype(np.float32)
+    params = {"w": np.zeros((features, 1), np.float32), "b": np.zeros((1,), np.float32)}
 
     def loss(params, x, y):
         return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)

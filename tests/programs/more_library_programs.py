@@ -2,20 +2,24 @@
 CartPole rollout, distrax flows and mixtures, grouped-query causal
 attention, greedy decoding with a KV cache, a ViT with einops in flax, an
 S5-style diagonal SSM (`lax.associative_scan`), jraph graph networks, an
-rlax PPO loss with GAE and an ott-jax Sinkhorn solve."""
+rlax PPO loss with GAE and an ott-jax Sinkhorn solve. Large: 256
+CartPoles for 500 steps, flows and mixtures over batches of 256 and 16384,
+attention, decoding and SSMs over 256+ positions of width 256, 128 graphs,
+PPO over 128 trajectories of 256 steps, transport between 512 and 640
+points."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from tests.programs.flax_programs import classifier_train_step
-from tests.programs.registry import program
+from tests.programs.registry import program, sized
 
 # --- gymnax ------------------------------------------------------------------
 
 
 @program("gymnax_cartpole_rollout", "gymnax", rtol=1e-4, atol=1e-5)
-def gymnax_cartpole_rollout():
+def gymnax_cartpole_rollout(size):
     import gymnax
     import jax
     import jax.numpy as jnp
@@ -25,7 +29,9 @@ def gymnax_cartpole_rollout():
     # samples its action.
     env, env_params = gymnax.make("CartPole-v1")
 
-    def rollout(rng_input, policy_params, steps_in_episode=50):
+    steps_in_episode = sized(size, small=50, large=500)
+
+    def rollout(rng_input, policy_params):
         rng_reset, rng_episode = jax.random.split(rng_input)
         obs, state = env.reset(rng_reset, env_params)
 
@@ -47,14 +53,18 @@ def gymnax_cartpole_rollout():
     rng = np.random.default_rng(0)
     policy_params = {"w": rng.normal(size=(4, 2)).astype(np.float32),
                      "b": np.zeros((2,), np.float32)}
-    return rollout, (jax.random.PRNGKey(0), policy_params)
+    if size == "small":
+        return rollout, (jax.random.PRNGKey(0), policy_params)
+    # gymnax's README: many environments at once by `jax.vmap` over keys
+    rollouts = jax.vmap(rollout, in_axes=(0, None))
+    return rollouts, (jax.random.split(jax.random.PRNGKey(0), 256), policy_params)
 
 
 # --- distrax -----------------------------------------------------------------
 
 
 @program("distrax_coupling_flow", "distrax", rtol=1e-4, atol=1e-5)
-def distrax_coupling_flow():
+def distrax_coupling_flow(size):
     import distrax
     import haiku as hk
     import jax
@@ -63,7 +73,8 @@ def distrax_coupling_flow():
     # distrax's examples/flow.py: masked couplings of rational-quadratic
     # splines with MLP conditioners, chained and inverted over a uniform base;
     # the loss is the negative mean log_prob of a batch.
-    event_shape, num_layers, hidden_sizes, num_bins = (8,), 2, [16, 16], 4
+    event_shape, num_layers, hidden_sizes, num_bins, batch_size = sized(
+        size, small=((8,), 2, [16, 16], 4, 16), large=((32,), 4, [256, 256], 8, 256))
 
     def make_conditioner(num_bijector_params):
         return hk.Sequential([
@@ -100,7 +111,7 @@ def distrax_coupling_flow():
         return make_flow_model().log_prob(data)
 
     rng = np.random.default_rng(0)
-    batch = rng.beta(2.0, 5.0, size=(16, *event_shape)).astype(np.float32)
+    batch = rng.beta(2.0, 5.0, size=(batch_size, *event_shape)).astype(np.float32)
     params = log_prob.init(jax.random.PRNGKey(0), batch)
 
     def loss_fn(params, batch):
@@ -114,7 +125,7 @@ def distrax_coupling_flow():
 
 
 @program("distrax_mixture_log_prob", "distrax", rtol=1e-4, atol=1e-5)
-def distrax_mixture_log_prob():
+def distrax_mixture_log_prob(size):
     import distrax
     import jax
     import jax.numpy as jnp
@@ -122,11 +133,11 @@ def distrax_mixture_log_prob():
     # distrax's MixtureSameFamily of diagonal Gaussians: the mean negative
     # log-likelihood of a batch and its gradient (a Gaussian-mixture fit).
     rng = np.random.default_rng(1)
-    components, dims = 3, 2
+    components, dims, samples = sized(size, small=(3, 2, 32), large=(16, 8, 16384))
     params = {"logits": rng.normal(size=(components,)).astype(np.float32),
               "loc": rng.normal(size=(components, dims)).astype(np.float32),
               "log_scale": (0.3 * rng.normal(size=(components, dims))).astype(np.float32)}
-    x = rng.normal(size=(32, dims)).astype(np.float32)
+    x = rng.normal(size=(samples, dims)).astype(np.float32)
 
     def nll(params, x):
         mixture = distrax.MixtureSameFamily(
@@ -142,13 +153,14 @@ def distrax_mixture_log_prob():
 
 
 @program("dot_product_attention_gqa_causal", "jax", rtol=1e-4, atol=1e-5)
-def dot_product_attention_gqa_causal():
+def dot_product_attention_gqa_causal(size):
     import jax
     import jax.numpy as jnp
 
     # Grouped-query attention: 4 query heads share 2 key/value heads, with a
     # causal mask; the output and the gradients of a loss over it.
-    batch, length, q_heads, kv_heads, head_dim = 2, 8, 4, 2, 16
+    batch, length, q_heads, kv_heads, head_dim = sized(size, small=(2, 8, 4, 2, 16),
+                                                       large=(8, 256, 8, 2, 64))
     rng = np.random.default_rng(2)
     q = rng.normal(size=(batch, length, q_heads, head_dim)).astype(np.float32)
     k = rng.normal(size=(batch, length, kv_heads, head_dim)).astype(np.float32)
@@ -170,7 +182,7 @@ def dot_product_attention_gqa_causal():
 
 
 @program("kv_cache_greedy_decode", "jax", rtol=1e-4, atol=1e-5)
-def kv_cache_greedy_decode():
+def kv_cache_greedy_decode(size):
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -179,7 +191,8 @@ def kv_cache_greedy_decode():
     # value go into the cache with `dynamic_update_slice`, attention reads the
     # cache up to the position, the next token is the argmax of the logits
     # (the prompt's own tokens while inside the prompt).
-    vocab, dim, heads, max_len, prompt_len, batch = 32, 32, 4, 16, 4, 2
+    vocab, dim, heads, max_len, prompt_len, batch = sized(
+        size, small=(32, 32, 4, 16, 4, 2), large=(1024, 256, 8, 256, 16, 8))
     head_dim = dim // heads
     rng = np.random.default_rng(3)
 
@@ -232,16 +245,19 @@ def kv_cache_greedy_decode():
 
 
 @program("einops_flax_vit_train_step", "einops", rtol=1e-4, atol=1e-5)
-def einops_flax_vit_train_step():
+def einops_flax_vit_train_step(size):
     from einops import einsum, rearrange, reduce
     from flax import linen as nn
 
     # A ViT as einops' docs and lucidrains' vit write it: patches by
     # `rearrange`, heads split and merged by `rearrange`, attention by
     # `einops.einsum`, mean pooling by `reduce`; one adam step.
+    n, side, width, n_heads, head_width, mlp_width = sized(
+        size, small=(4, 16, 32, 4, 8, 64), large=(32, 32, 256, 8, 32, 512))
+
     class Attention(nn.Module):
-        heads: int = 4
-        dim_head: int = 8
+        heads: int = n_heads
+        dim_head: int = head_width
 
         @nn.compact
         def __call__(self, x):
@@ -253,8 +269,8 @@ def einops_flax_vit_train_step():
 
     class ViT(nn.Module):
         patch: int = 4
-        dim: int = 32
-        mlp_dim: int = 64
+        dim: int = width
+        mlp_dim: int = mlp_width
         classes: int = 10
 
         @nn.compact
@@ -271,8 +287,8 @@ def einops_flax_vit_train_step():
 
     model = ViT()
     rng = np.random.default_rng(4)
-    images = rng.normal(size=(4, 16, 16, 3)).astype(np.float32)
-    labels = rng.integers(0, 10, size=(4,)).astype(np.int32)
+    images = rng.normal(size=(n, side, side, 3)).astype(np.float32)
+    labels = rng.integers(0, 10, size=(n,)).astype(np.int32)
     return classifier_train_step(model, images, labels)
 
 
@@ -280,7 +296,7 @@ def einops_flax_vit_train_step():
 
 
 @program("s5_ssm_associative_scan", "jax", rtol=1e-4, atol=1e-5)
-def s5_ssm_associative_scan():
+def s5_ssm_associative_scan(size):
     import jax
     import jax.numpy as jnp
 
@@ -288,7 +304,7 @@ def s5_ssm_associative_scan():
     # discretized by zero-order hold, the linear recurrence x_k = A x_{k-1} +
     # B u_k run by `associative_scan`, outputs 2 Re(C x_k) + D u_k; vmapped
     # over a batch, a regression loss and its gradient.
-    length, features, states, batch = 64, 8, 8, 2
+    length, features, states, batch = sized(size, small=(64, 8, 8, 2), large=(1024, 64, 64, 8))
     rng = np.random.default_rng(5)
     params = {
         "lambda_re": -0.5 * np.ones(states, np.float32),
@@ -341,14 +357,19 @@ def s5_ssm_associative_scan():
 # --- jraph -------------------------------------------------------------------
 
 
-def _graphs(seed, features=4):
+def _graphs(seed, size, features=4):
     import jraph
 
-    # Two graphs batched with `jraph.batch` and padded with
-    # `jraph.pad_with_graphs` (jraph's way to a fixed shape under jit).
+    # Graphs batched with `jraph.batch` and padded with `jraph.pad_with_graphs`
+    # (jraph's way to a fixed shape under jit): two small ones (small), 128 of
+    # 8-24 nodes (large).
     rng = np.random.default_rng(seed)
+    if size == "small":
+        shapes = ((5, 8), (4, 6))
+    else:
+        shapes = [(n, 3 * n) for n in rng.integers(8, 25, size=128)]
     graphs = []
-    for nodes, edges in ((5, 8), (4, 6)):
+    for nodes, edges in shapes:
         graphs.append(jraph.GraphsTuple(
             nodes=rng.normal(size=(nodes, features)).astype(np.float32),
             edges=rng.normal(size=(edges, 2)).astype(np.float32),
@@ -356,11 +377,14 @@ def _graphs(seed, features=4):
             receivers=rng.integers(0, nodes, size=edges).astype(np.int32),
             n_node=np.array([nodes], np.int32), n_edge=np.array([edges], np.int32),
             globals=rng.normal(size=(1, 3)).astype(np.float32)))
-    return jraph.pad_with_graphs(jraph.batch(graphs), n_node=12, n_edge=16, n_graph=3)
+    n_node = sum(n for n, _ in shapes) + 3
+    n_edge = sum(e for _, e in shapes) + 2
+    return jraph.pad_with_graphs(jraph.batch(graphs), n_node=n_node, n_edge=n_edge,
+                                 n_graph=len(shapes) + 1)
 
 
 @program("jraph_graph_network", "jraph", rtol=1e-4, atol=1e-5)
-def jraph_graph_network():
+def jraph_graph_network(size):
     import haiku as hk
     import jax
     import jax.numpy as jnp
@@ -368,17 +392,20 @@ def jraph_graph_network():
 
     # jraph's GraphNetwork with haiku MLPs on concatenated arguments (jraph's
     # examples); a regression loss on the globals of the real graphs.
+    width = sized(size, small=8, large=256)
+
     def network(graph):
         net = jraph.GraphNetwork(
-            update_edge_fn=jraph.concatenated_args(hk.nets.MLP([8, 8])),
-            update_node_fn=jraph.concatenated_args(hk.nets.MLP([8, 8])),
-            update_global_fn=jraph.concatenated_args(hk.nets.MLP([8, 1])))
+            update_edge_fn=jraph.concatenated_args(hk.nets.MLP([width, width])),
+            update_node_fn=jraph.concatenated_args(hk.nets.MLP([width, width])),
+            update_global_fn=jraph.concatenated_args(hk.nets.MLP([width, 1])))
         return net(graph)
 
     net = hk.without_apply_rng(hk.transform(network))
-    graph = _graphs(6)
+    graph = _graphs(6, size)
     params = net.init(jax.random.PRNGKey(0), graph)
-    targets = np.array([[1.0], [-1.0], [0.0]], np.float32)
+    real = np.linspace(1.0, -1.0, len(graph.n_node) - 1)
+    targets = np.append(real, 0.0).astype(np.float32)[:, None]  # 0: the padding graph
 
     def loss_fn(params, graph, targets):
         pred = net.apply(params, graph).globals
@@ -389,7 +416,7 @@ def jraph_graph_network():
 
 
 @program("jraph_gcn", "jraph", rtol=1e-4, atol=1e-5)
-def jraph_gcn():
+def jraph_gcn(size):
     import haiku as hk
     import jax
     import jax.numpy as jnp
@@ -398,15 +425,18 @@ def jraph_gcn():
     # jraph's GCN example (examples/zacharys_karate_club.py): two
     # GraphConvolution layers with self edges and symmetric normalization,
     # a node classification loss over the real nodes.
+    width = sized(size, small=8, large=256)
+
     def gcn(graph):
-        graph = jraph.GraphConvolution(update_node_fn=hk.Linear(8), add_self_edges=True)(graph)
+        graph = jraph.GraphConvolution(update_node_fn=hk.Linear(width),
+                                       add_self_edges=True)(graph)
         graph = graph._replace(nodes=jax.nn.relu(graph.nodes))
         return jraph.GraphConvolution(update_node_fn=hk.Linear(2))(graph).nodes
 
     net = hk.without_apply_rng(hk.transform(gcn))
-    graph = _graphs(7)
+    graph = _graphs(7, size)
     params = net.init(jax.random.PRNGKey(0), graph)
-    labels = np.random.default_rng(7).integers(0, 2, size=(12,)).astype(np.int32)
+    labels = np.random.default_rng(7).integers(0, 2, size=len(graph.nodes)).astype(np.int32)
 
     def loss_fn(params, graph, labels):
         logits = net.apply(params, graph)
@@ -421,7 +451,7 @@ def jraph_gcn():
 
 
 @program("rlax_ppo_gae_loss", "rlax", rtol=1e-4, atol=1e-5)
-def rlax_ppo_gae_loss():
+def rlax_ppo_gae_loss(size):
     import jax
     import jax.numpy as jnp
     import rlax
@@ -429,11 +459,12 @@ def rlax_ppo_gae_loss():
     # PPO's loss with rlax: advantages by truncated GAE (vmapped over the
     # batch of trajectories, from the behaviour values), the clipped
     # surrogate, an l2 value loss and an entropy bonus; value and gradient.
-    steps, batch, obs_dim, actions = 16, 4, 6, 3
+    steps, batch, obs_dim, actions, hidden = sized(size, small=(16, 4, 6, 3, 32),
+                                                   large=(256, 128, 16, 6, 256))
     rng = np.random.default_rng(8)
-    params = {"w": (rng.normal(size=(obs_dim, 32)) / np.sqrt(obs_dim)).astype(np.float32),
-              "pi": (0.1 * rng.normal(size=(32, actions))).astype(np.float32),
-              "v": (0.1 * rng.normal(size=(32,))).astype(np.float32)}
+    params = {"w": (rng.normal(size=(obs_dim, hidden)) / np.sqrt(obs_dim)).astype(np.float32),
+              "pi": (0.1 * rng.normal(size=(hidden, actions))).astype(np.float32),
+              "v": (0.1 * rng.normal(size=(hidden,))).astype(np.float32)}
     trajectory = {
         "obs": rng.normal(size=(steps + 1, batch, obs_dim)).astype(np.float32),
         "actions": rng.integers(0, actions, size=(steps, batch)).astype(np.int32),
@@ -475,15 +506,16 @@ def rlax_ppo_gae_loss():
 # --- ott-jax -----------------------------------------------------------------
 
 
-def _point_clouds():
+def _point_clouds(size):
     rng = np.random.default_rng(9)
-    x = rng.normal(size=(12, 2)).astype(np.float32)
-    y = (rng.normal(size=(16, 2)) + 0.5).astype(np.float32)
+    n, m = sized(size, small=(12, 16), large=(512, 640))
+    x = rng.normal(size=(n, 2)).astype(np.float32)
+    y = (rng.normal(size=(m, 2)) + 0.5).astype(np.float32)
     return x, y
 
 
 @program("ott_sinkhorn", "ott-jax", rtol=1e-4, atol=1e-5)
-def ott_sinkhorn():
+def ott_sinkhorn(size):
     from ott.geometry import pointcloud
     from ott.problems.linear import linear_problem
     from ott.solvers.linear import sinkhorn
@@ -496,11 +528,11 @@ def ott_sinkhorn():
         out = solver(linear_problem.LinearProblem(geom))
         return out.reg_ot_cost, out.matrix, out.converged
 
-    return solve, _point_clouds()
+    return solve, _point_clouds(size)
 
 
 @program("ott_sinkhorn_gradient", "ott-jax", rtol=1e-4, atol=1e-5)
-def ott_sinkhorn_gradient():
+def ott_sinkhorn_gradient(size):
     import jax
     from ott.geometry import pointcloud
     from ott.problems.linear import linear_problem
@@ -514,4 +546,4 @@ def ott_sinkhorn_gradient():
         geom = pointcloud.PointCloud(x, y, epsilon=0.1)
         return solver(linear_problem.LinearProblem(geom)).reg_ot_cost
 
-    return jax.value_and_grad(reg_ot_cost), _point_clouds()
+    return jax.value_and_grad(reg_ot_cost), _point_clouds(size)

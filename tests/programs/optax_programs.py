@@ -1,21 +1,24 @@
 """optax: the optimizers and combinators of its documentation, a few steps
-each on a small regression, as in optax's "Getting started"."""
+each on a regression, as in optax's "Getting started": 16 samples of 8
+features to 4 outputs (small), 256 samples of 512 features to 256 (large)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tests.programs.registry import program
+from tests.programs.registry import program, sized
 
 
-def _regression(seed=0, n=16, d=8):
+def _regression(size, seed=0):
     import jax.numpy as jnp
 
+    n, d, out = sized(size, small=(16, 8, 4), large=(256, 512, 256))
+    scale = sized(size, small=1.0, large=d ** -0.5)  # large: outputs of unit scale
     rng = np.random.default_rng(seed)
-    params = {"w": jnp.asarray(rng.normal(size=(d, 4)), jnp.float32),
-              "b": jnp.zeros((4,), jnp.float32)}
+    params = {"w": jnp.asarray(scale * rng.normal(size=(d, out)), jnp.float32),
+              "b": jnp.zeros((out,), jnp.float32)}
     x = jnp.asarray(rng.normal(size=(n, d)), jnp.float32)
-    y = jnp.asarray(rng.normal(size=(n, 4)), jnp.float32)
+    y = jnp.asarray(rng.normal(size=(n, out)), jnp.float32)
     return params, (x, y)
 
 
@@ -44,19 +47,19 @@ def _steps(optimizer, steps):
 
 
 @program("optax_adam", "optax", rtol=1e-5, atol=1e-6, ci=True)
-def optax_adam():
+def optax_adam(size):
     import optax
 
-    params, batch = _regression()
+    params, batch = _regression(size)
     optimizer = optax.adam(learning_rate=1e-2)
     return _steps(optimizer, 3), (params, optimizer.init(params), batch)
 
 
 @program("optax_adamw_schedule", "optax", rtol=1e-5, atol=1e-6)
-def optax_adamw_schedule():
+def optax_adamw_schedule(size):
     import optax
 
-    params, batch = _regression(1)
+    params, batch = _regression(size, 1)
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=1e-2, warmup_steps=2, decay_steps=10, end_value=1e-4)
     optimizer = optax.adamw(learning_rate=schedule, weight_decay=1e-2)
@@ -64,15 +67,17 @@ def optax_adamw_schedule():
 
 
 @program("optax_chain_clip_by_global_norm", "optax", rtol=1e-5, atol=1e-6)
-def optax_chain_clip_by_global_norm():
+def optax_chain_clip_by_global_norm(size):
     import jax.numpy as jnp
     import optax
 
     rng = np.random.default_rng(2)
-    # the shapes of issue 14's report
-    params = {"a": jnp.asarray(rng.normal(size=(1000, 64)), jnp.float32),
-              "b": jnp.asarray(rng.normal(size=(64,)), jnp.float32)}
-    x = jnp.asarray(rng.normal(size=(4, 1000)), jnp.float32)
+    # small: the shapes of issue 14's report
+    n, d, width = sized(size, small=(4, 1000, 64), large=(256, 1024, 512))
+    scale = sized(size, small=1.0, large=d ** -0.5)  # large: tanh not saturated
+    params = {"a": jnp.asarray(scale * rng.normal(size=(d, width)), jnp.float32),
+              "b": jnp.asarray(rng.normal(size=(width,)), jnp.float32)}
+    x = jnp.asarray(rng.normal(size=(n, d)), jnp.float32)
 
     def loss(params, x):
         return jnp.mean(jnp.tanh(x @ params["a"] + params["b"]) ** 2)
@@ -94,10 +99,10 @@ def optax_chain_clip_by_global_norm():
 
 
 @program("optax_multi_transform", "optax", rtol=1e-5, atol=1e-6)
-def optax_multi_transform():
+def optax_multi_transform(size):
     import optax
 
-    params, batch = _regression(3)
+    params, batch = _regression(size, 3)
     optimizer = optax.multi_transform(
         {"adam": optax.adam(1e-2), "sgd": optax.sgd(1e-1, momentum=0.9)},
         {"w": "adam", "b": "sgd"})
@@ -105,10 +110,10 @@ def optax_multi_transform():
 
 
 @program("optax_ema", "optax", rtol=1e-5, atol=1e-6)
-def optax_ema():
+def optax_ema(size):
     import optax
 
-    params, batch = _regression(4)
+    params, batch = _regression(size, 4)
     # EMA of the updates after sgd, with bias correction, as optax's docs chain it
     optimizer = optax.chain(optax.sgd(1e-1), optax.ema(decay=0.9, debias=True))
     return _steps(optimizer, 3), (params, optimizer.init(params), batch)

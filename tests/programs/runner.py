@@ -1,14 +1,25 @@
-"""Run real programs through juju and jax.jit and compare them.
+"""Run real programs through juju and jax.jit and compare them, at each size.
 
-    python -m tests.programs.runner [NAME ...]   # prints each program's status
+    python -m tests.programs.runner [NAME ...] [--size=small|large] [--first-calls] [-v]
 
-All programs that lower are compiled together (`juju.compile_all`, one MAX
-compilation); if MAX rejects the batch, it is split in halves until the
-culprit is alone, so one program's MAX compile error fails only that program.
+A case is a program at one size. Two ways to compile the cases:
+
+- batched (CI's fast subset): every case that lowers is compiled in one
+  `juju.compile_all` (one MAX compilation); if MAX rejects the batch, it is
+  split in halves until the culprit is alone, so one program's MAX compile
+  error fails only that program.
+- first calls (`first_calls=True`, `dev.py programs`): each case is called
+  once through `juju.jit(fn, tiered=False)` (trace, lower, compile or load
+  from juju's cache, run, results to the host), timed, as `jax.jit`'s first
+  call is; that call's result is the one compared.
+
+Then each passing case is timed against `jax.jit` (steady state). The
+report (tables side by side per size) is `tests/programs/report.py`.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
@@ -19,12 +30,13 @@ import jax
 import juju
 import numpy as np
 
-from tests.programs.registry import Program, load_all
+from tests.programs.registry import SIZES, Program, load_all
 
 
 @dataclass
 class Outcome:
     program: Program
+    size: str = "small"
     status: str = "pending"  # pass | fail | skip
     stage: str = ""  # where it failed: build, reference, lower, compile, run, compare
     error: BaseException | None = None
@@ -34,7 +46,14 @@ class Outcome:
     fn: Any = None
     args: tuple = ()
     lowered: Any = None
+    jitted: Any = None  # the juju.jit function that ran it
+    backend: str = ""  # which back end ran it (report.backend)
     seconds: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """`program[size]`: the case's name in logs and reports."""
+        return f"{self.program.name}[{self.size}]"
 
     def summary(self) -> str:
         if self.status == "pass":
@@ -79,7 +98,7 @@ def compare(outcome: Outcome) -> None:
             worst = max(worst, float(np.nan_to_num(diff, nan=np.inf).max()))
         outcome.max_abs_error = worst
         np.testing.assert_allclose(g, w, rtol=p.rtol, atol=p.atol, equal_nan=True,
-                                   err_msg=f"{p.name}: output {i}")
+                                   err_msg=f"{outcome.name}: output {i}")
     outcome.max_abs_error = worst
 
 
@@ -88,24 +107,31 @@ def _fail(outcome: Outcome, stage: str, error: BaseException) -> None:
 
 
 def _prepare(outcome: Outcome) -> None:
-    p = outcome.program
+    """Build the case and run `jax.jit` on it: the expected result, and
+    jax.jit's first call (trace, compile, run, results to the host) timed."""
     try:
-        outcome.fn, outcome.args = p.build()
+        outcome.fn, outcome.args = outcome.program.build(outcome.size)
     except ImportError as exc:
         outcome.status, outcome.stage, outcome.error = "skip", "build", exc
         return
     except Exception as exc:
         _fail(outcome, "build", exc)
         return
+    start = time.perf_counter()
     try:
-        outcome.expected = jax.block_until_ready(jax.jit(outcome.fn)(*outcome.args))
+        outcome.expected = jax.jit(outcome.fn)(*outcome.args)
+        host_leaves(outcome.expected)
     except Exception as exc:
         _fail(outcome, "reference", exc)
         return
+    outcome.seconds["jax first call"] = time.perf_counter() - start
+
+
+def _lower(outcome: Outcome) -> None:
     start = time.perf_counter()
     try:
-        lowered = juju.jit(outcome.fn).lower(*outcome.args)
-        lowered.build_graph()  # every rule runs here, before any compilation
+        outcome.jitted = juju.jit(outcome.fn)
+        lowered = outcome.jitted.lower(*outcome.args)  # every rule runs here, before compiling
         outcome.lowered = lowered
     except Exception as exc:
         _fail(outcome, "lower", exc)
@@ -122,19 +148,47 @@ def _compile(batch: list[Outcome], log) -> None:
     except Exception as exc:
         if len(batch) == 1:
             _fail(batch[0], "compile", exc)
-            log(f"compile failed: {batch[0].program.name}: {_first_line(exc)}")
+            log(f"compile failed: {batch[0].name}: {_first_line(exc)}")
             return
     middle = len(batch) // 2
     _compile(batch[:middle], log)
     _compile(batch[middle:], log)
 
 
-def _run(outcome: Outcome) -> None:
+def _first_call(outcome: Outcome) -> None:
+    """juju's first call, MAX only (`tiered=False`): trace, lower, compile
+    (or load from juju's cache), run, results to the host; timed."""
+    outcome.jitted = juju.jit(outcome.fn, tiered=False)
+    start = time.perf_counter()
     try:
-        outcome.got = outcome.lowered.jit_function(*outcome.args)
+        outcome.got = outcome.jitted(*outcome.args)
+        host_leaves(outcome.got)
     except Exception as exc:
-        _fail(outcome, "run", exc)
+        outcome.seconds["juju first call"] = time.perf_counter() - start
+        _fail(outcome, _failed_stage(outcome), exc)
         return
+    outcome.seconds["juju first call"] = time.perf_counter() - start
+
+
+def _failed_stage(outcome: Outcome) -> str:
+    """Where a first call failed: "run" once compiled, else "lower" where
+    lowering fails again (tracing included), else "compile"."""
+    if outcome.jitted.executables:
+        return "run"
+    try:
+        outcome.jitted.lower(*outcome.args)
+    except Exception:
+        return "lower"
+    return "compile"
+
+
+def _run(outcome: Outcome) -> None:
+    if outcome.got is None:
+        try:
+            outcome.got = outcome.lowered.jit_function(*outcome.args)
+        except Exception as exc:
+            _fail(outcome, "run", exc)
+            return
     try:
         compare(outcome)
     except AssertionError as exc:
@@ -146,8 +200,9 @@ def _run(outcome: Outcome) -> None:
 
 def _time(outcome: Outcome, rounds: int = 25, budget_s: float = 4.0) -> None:
     """Steady-state medians of juju and jax.jit, interleaved rounds (results
-    brought to the host in both: the same work)."""
-    mine, reference = outcome.lowered.jit_function, jax.jit(outcome.fn)
+    brought to the host in both: the same work): at least 5 rounds (3 where
+    a round takes over 2 s), up to 25 or ~`budget_s`."""
+    mine, reference = outcome.jitted, jax.jit(outcome.fn)
     reference(*outcome.args)  # compiled by _prepare; warm both
     times: dict = {"juju": [], "jax": []}
     spent = 0.0
@@ -157,38 +212,65 @@ def _time(outcome: Outcome, rounds: int = 25, budget_s: float = 4.0) -> None:
             host_leaves(fn(*outcome.args))
             times[name].append(time.perf_counter() - start)
             spent += times[name][-1]
-        if i >= 4 and spent > budget_s:
+        enough = 3 if spent > 2.0 * (i + 1) else 5
+        if i + 1 >= enough and spent > budget_s:
             break
     for name, samples in times.items():
         outcome.seconds[name] = float(np.median(samples))
 
 
-RATIO_ROWS: list[str] = []  # the last run's ratio_table, for pytest's summary
+def warm_up() -> None:
+    """Start what a process starts once, so that no program's first call
+    pays for it: jax's backend, the packs' kernel libraries (built once per
+    install), MAX's compile worker and a native program's build."""
+    from juju import plugins
+
+    for pack in plugins.packs():
+        for name in pack.libraries:
+            plugins.kernel_library_path(name)
+    x = np.arange(4, dtype=np.float32)
+    jax.jit(lambda x: x * 2.0)(x).block_until_ready()
+    kernels = os.environ.get("JUJU_PROGRAM_KERNELS")
+    try:
+        for setting in ("0", "1"):  # a MAX graph, then a native program
+            os.environ["JUJU_PROGRAM_KERNELS"] = setting
+            juju.to_numpy(juju.jit(lambda x: x * 3.0 + 1.0, tiered=False)(x))
+    finally:
+        if kernels is None:
+            os.environ.pop("JUJU_PROGRAM_KERNELS", None)
+        else:
+            os.environ["JUJU_PROGRAM_KERNELS"] = kernels
 
 
-def ratio_table(outcomes) -> list[str]:
-    """Markdown rows: each passing program's steady-state time and ratio to
-    jax.jit, and their geometric mean."""
-    rows = ["| program | juju | jax.jit | juju / jax.jit |", "|---|---:|---:|---:|"]
-    ratios = []
-    for o in outcomes:
-        if "juju" not in o.seconds:
-            continue
-        ratio = o.seconds["juju"] / o.seconds["jax"]
-        ratios.append(ratio)
-        rows.append(f"| `{o.program.name}` | {o.seconds['juju'] * 1e3:.3f} ms | "
-                    f"{o.seconds['jax'] * 1e3:.3f} ms | {ratio:.2f} |")
-    if ratios:
-        geomean = float(np.exp(np.mean(np.log(ratios))))
-        rows.append(f"| geomean of {len(ratios)} | | | **{geomean:.2f}** |")
-    return rows
+def run_programs(cases: list[tuple[Program, str]], log=lambda message: None,
+                 first_calls: bool = False, done=lambda outcomes: None) -> dict[str, Outcome]:
+    """Run `(program, size)` cases; outcomes by case name (`program[size]`).
+    With `first_calls`, the large cases run first (the slow ones, and the
+    measurement a cut-short run most needs), and `done(outcomes)` is called
+    after each case (a long run leaves its report as it goes)."""
+    from tests.programs.report import backend
 
-
-def run_programs(programs: list[Program], log=lambda message: None) -> dict[str, Outcome]:
-    outcomes = {p.name: Outcome(p) for p in programs}
+    outcomes = {o.name: o for o in (Outcome(p, size) for p, size in cases)}
+    if first_calls:
+        warm_up()
+        for o in sorted(outcomes.values(), key=lambda o: -SIZES.index(o.size)):
+            _prepare(o)
+            if o.status == "pending":
+                _first_call(o)
+            if o.status == "pending":
+                _run(o)
+            if o.jitted is not None and o.jitted.executables:
+                o.backend = backend(o)
+            elif o.stage == "compile":  # a native kernel that fails to build falls back to MAX
+                o.backend = "MAX graph, not compiled"
+            log(_progress(o))
+            done(outcomes)
+        return outcomes
     for o in outcomes.values():
         _prepare(o)
-        log(f"{o.program.name}: {o.status if o.status != 'pending' else 'lowered'}"
+        if o.status == "pending":
+            _lower(o)
+        log(f"{o.name}: {o.status if o.status != 'pending' else 'lowered'}"
             + (f" ({_first_line(o.error)})" if o.error else ""))
     lowered = [o for o in outcomes.values() if o.lowered is not None]
     # Known gaps compile in a batch of their own: a MAX compile error among
@@ -200,21 +282,39 @@ def run_programs(programs: list[Program], log=lambda message: None) -> dict[str,
     for o in lowered:
         if o.status == "pending":
             _run(o)
+        if o.jitted.executables:
+            o.backend = backend(o)
     return outcomes
 
 
+def _progress(o: Outcome) -> str:
+    s = o.seconds
+    first = (f"; first call {s['juju first call']:.1f} s (jax.jit {s['jax first call']:.1f} s)"
+             if "juju first call" in s else "")
+    ratio = f", {s['juju'] / s['jax']:.2f}x jax.jit" if "juju" in s else ""
+    where = f" [{o.backend}]" if o.backend else ""
+    return f"{o.name}: {o.summary()}{ratio}{first}{where}"
+
+
 def main(argv: list[str]) -> int:
+    from tests.programs.report import report, write
+
     programs = load_all()
-    chosen = [programs[n] for n in argv] if argv else list(programs.values())
-    outcomes = run_programs(chosen, log=lambda m: print(f"[programs] {m}", flush=True))
+    names = [a for a in argv if not a.startswith("-")]
+    sizes = [a.split("=", 1)[1] for a in argv if a.startswith("--size=")] or list(SIZES)
+    chosen = [programs[n] for n in names] if names else list(programs.values())
+    cases = [(p, size) for p in chosen for size in p.sizes if size in sizes]
+    outcomes = run_programs(cases, log=lambda m: print(f"[programs] {m}", flush=True),
+                            first_calls="--first-calls" in argv,
+                            done=lambda found: write(report(found.values())))
     print()
     for o in outcomes.values():
-        print(f"{o.program.name:32} {o.program.library:10} {o.summary()}")
-        if o.status == "fail" and "-v" in sys.argv:
+        print(f"{o.name:40} {o.program.library:10} {o.summary()}")
+        if o.status == "fail" and "-v" in argv:
             traceback.print_exception(o.error)
-    print("\n".join(["", *ratio_table(outcomes.values())]))
+    print("\n".join(["", *report(outcomes.values())]))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main([a for a in sys.argv[1:] if not a.startswith("-")]))
+    sys.exit(main(sys.argv[1:]))

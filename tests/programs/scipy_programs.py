@@ -1,11 +1,12 @@
 """jax.scipy: linear solves and decompositions, stats, special functions and
-`optimize.minimize` with BFGS."""
+`optimize.minimize` with BFGS. Large: matrices of 512 (eigh and svd: 256),
+16384 samples, a Rosenbrock function of 256 variables."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tests.programs.registry import program
+from tests.programs.registry import program, sized
 
 
 def _spd(n, seed):
@@ -15,7 +16,7 @@ def _spd(n, seed):
 
 
 @program("scipy_linalg_solves", "jax.scipy", rtol=1e-4, atol=1e-5, ci=True)
-def scipy_linalg_solves():
+def scipy_linalg_solves(size):
     import jax.numpy as jnp
     import jax.scipy.linalg as jsl
 
@@ -27,11 +28,11 @@ def scipy_linalg_solves():
                 jsl.solve_triangular(lower, b, lower=True), jsl.solve(a, b, assume_a="pos"),
                 jnp.linalg.inv(a), jnp.linalg.slogdet(a))
 
-    return solves, _spd(6, 0)
+    return solves, _spd(sized(size, small=6, large=512), 0)
 
 
 @program("scipy_linalg_decompositions", "jax.scipy", rtol=1e-4, atol=1e-5)
-def scipy_linalg_decompositions():
+def scipy_linalg_decompositions(size):
     import jax.numpy as jnp
     import jax.scipy.linalg as jsl
 
@@ -42,11 +43,11 @@ def scipy_linalg_decompositions():
         # factors compared by what they reconstruct and by their invariants
         return (q @ r, jnp.abs(jnp.diag(r)), p @ l @ u, l, u, chol, jnp.linalg.det(a))
 
-    return decompositions, (_spd(5, 1)[0],)
+    return decompositions, (_spd(sized(size, small=5, large=512), 1)[0],)
 
 
 @program("scipy_linalg_eigh_svd", "jax.scipy", rtol=1e-4, atol=1e-4)
-def scipy_linalg_eigh_svd():
+def scipy_linalg_eigh_svd(size):
     import jax.numpy as jnp
 
     def spectral(a):
@@ -56,11 +57,11 @@ def scipy_linalg_eigh_svd():
         # vectors are defined up to sign: compare reconstructions and values
         return w, (v * w) @ v.T, s, (u * s2) @ vt
 
-    return spectral, (_spd(5, 2)[0],)
+    return spectral, (_spd(sized(size, small=5, large=256), 2)[0],)
 
 
 @program("scipy_stats", "jax.scipy", rtol=1e-4, atol=1e-5, ci=True)
-def scipy_stats():
+def scipy_stats(size):
     import jax.numpy as jnp
     from jax.scipy import stats
 
@@ -71,7 +72,7 @@ def scipy_stats():
                 stats.gamma.logpdf(jnp.abs(x) + 0.1, a=2.0),
                 stats.beta.logpdf(jax_sigmoid(x), a=2.0, b=3.0),
                 stats.poisson.logpmf(jnp.arange(6.0), 2.5),
-                stats.multivariate_normal.logpdf(x.reshape(2, 3), mean, cov))
+                stats.multivariate_normal.logpdf(x.reshape(-1, 3), mean, cov))
 
     def jax_sigmoid(x):
         import jax
@@ -79,14 +80,14 @@ def scipy_stats():
         return jax.nn.sigmoid(x)
 
     rng = np.random.default_rng(3)
-    x = rng.normal(size=(6,)).astype(np.float32)
+    x = rng.normal(size=(sized(size, small=6, large=3 * 8192),)).astype(np.float32)
     a = rng.normal(size=(3, 3)).astype(np.float32)
     return densities, (x, rng.normal(size=3).astype(np.float32),
                        (a @ a.T + 3 * np.eye(3)).astype(np.float32))
 
 
 @program("scipy_special", "jax.scipy", rtol=1e-4, atol=1e-5)
-def scipy_special():
+def scipy_special(size):
     import jax.numpy as jnp
     from jax.scipy import special
 
@@ -98,11 +99,12 @@ def scipy_special():
                 special.betainc(2.0, 3.0, unit), special.i0e(x), special.expit(x),
                 special.logit(unit), special.gammainc(2.0, pos), special.ndtri(unit))
 
-    return functions, (np.linspace(-3.0, 3.0, 8).astype(np.float32),)
+    samples = sized(size, small=8, large=16384)
+    return functions, (np.linspace(-3.0, 3.0, samples).astype(np.float32),)
 
 
 @program("scipy_optimize_bfgs", "jax.scipy", rtol=1e-3, atol=1e-4)
-def scipy_optimize_bfgs():
+def scipy_optimize_bfgs(size):
     import jax.numpy as jnp
     from jax.scipy.optimize import minimize
 
@@ -113,4 +115,5 @@ def scipy_optimize_bfgs():
         result = minimize(rosenbrock, x0, method="BFGS", options={"maxiter": 50})
         return result.x, result.fun, result.nit
 
-    return fit, (np.array([-1.2, 1.0, 0.8], np.float32),)
+    x0 = sized(size, small=np.array([-1.2, 1.0, 0.8]), large=np.tile([-1.2, 1.0], 128))
+    return fit, (x0.astype(np.float32),)

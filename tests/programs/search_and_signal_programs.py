@@ -1,18 +1,20 @@
 """Libraries the tier had not tried, as their READMEs write them: an mctx
 MuZero search, dm-pix image augmentations and SSIM, interpax interpolation,
-and evosax's CMA-ES ask-eval-tell loop."""
+and evosax's CMA-ES ask-eval-tell loop. Large: a search for 128 states of
+256 hidden units, 128 CIFAR-size images, 16384 query points, CMA-ES in 256
+dimensions."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tests.programs.registry import program
+from tests.programs.registry import program, sized
 
 # --- mctx --------------------------------------------------------------------
 
 
 @program("mctx_muzero_search", "mctx", rtol=1e-4, atol=1e-5)
-def mctx_muzero_search():
+def mctx_muzero_search(size):
     import jax
     import jax.numpy as jnp
     import mctx
@@ -20,11 +22,14 @@ def mctx_muzero_search():
     # mctx's README: a root from a representation network, a recurrent
     # function from a dynamics network, `muzero_policy` searching a tree of
     # 16 simulations for a batch of 4 states and 3 actions.
-    batch, actions, hidden = 4, 3, 8
+    batch, actions, hidden, simulations = sized(size, small=(4, 3, 8, 16),
+                                                large=(128, 16, 256, 64))
+    scale = sized(size, small=1.0, large=hidden ** -0.5)  # large: logits of unit scale
     rng = np.random.default_rng(0)
-    params = {"w_policy": rng.normal(size=(hidden, actions)).astype(np.float32),
-              "w_value": rng.normal(size=(hidden,)).astype(np.float32),
-              "w_dynamics": rng.normal(size=(hidden + actions, hidden)).astype(np.float32) * 0.5}
+    params = {"w_policy": (scale * rng.normal(size=(hidden, actions))).astype(np.float32),
+              "w_value": (scale * rng.normal(size=(hidden,))).astype(np.float32),
+              "w_dynamics": (0.5 * scale * rng.normal(size=(hidden + actions, hidden))
+                             ).astype(np.float32)}
 
     def recurrent_fn(params, rng_key, action, embedding):
         one_hot = jax.nn.one_hot(action, actions)
@@ -39,7 +44,7 @@ def mctx_muzero_search():
     def search(params, rng_key, observation):
         root = mctx.RootFnOutput(prior_logits=observation @ params["w_policy"],
                                  value=observation @ params["w_value"], embedding=observation)
-        policy = mctx.muzero_policy(params, rng_key, root, recurrent_fn, num_simulations=16)
+        policy = mctx.muzero_policy(params, rng_key, root, recurrent_fn, num_simulations=simulations)
         return policy.action, policy.action_weights, policy.search_tree.node_visits
 
     observation = rng.normal(size=(batch, hidden)).astype(np.float32)
@@ -50,7 +55,7 @@ def mctx_muzero_search():
 
 
 @program("pix_augment_and_ssim", "dm-pix", rtol=1e-4, atol=1e-5)
-def pix_augment_and_ssim():
+def pix_augment_and_ssim(size):
     import dm_pix as pix
     import jax
     import jax.numpy as jnp
@@ -63,11 +68,13 @@ def pix_augment_and_ssim():
         x = pix.adjust_brightness(x, 0.1)
         x = pix.adjust_contrast(x, 1.2)
         x = pix.gaussian_blur(x, sigma=1.0, kernel_size=5)
-        crops = pix.random_crop(crop_key, x, (x.shape[0], 12, 12, x.shape[3]))
+        crop = x.shape[1] * 3 // 4
+        crops = pix.random_crop(crop_key, x, (x.shape[0], crop, crop, x.shape[3]))
         return crops, jnp.mean(pix.ssim(images, jnp.clip(x, 0.0, 1.0)))
 
     rng = np.random.default_rng(0)
-    images = rng.uniform(size=(2, 16, 16, 3)).astype(np.float32)
+    n, side = sized(size, small=(2, 16), large=(128, 32))
+    images = rng.uniform(size=(n, side, side, 3)).astype(np.float32)
     return augment, (jax.random.key(1), images)
 
 
@@ -75,16 +82,18 @@ def pix_augment_and_ssim():
 
 
 @program("interpax_interpolation", "interpax", rtol=1e-4, atol=1e-5)
-def interpax_interpolation():
+def interpax_interpolation(size):
     import interpax
     import jax
     import jax.numpy as jnp
 
+    nx, ny, queries = sized(size, small=(24, 16, 40), large=(1024, 256, 16384))
+
     # interpax's README: 1D cubic and 2D cubic interpolation of sampled
     # functions at query points, and the gradient of a 1D fit's error with
     # respect to the samples.
-    x = jnp.linspace(0, 2 * np.pi, 24)
-    y = jnp.linspace(-1, 1, 16)
+    x = jnp.linspace(0, 2 * np.pi, nx)
+    y = jnp.linspace(-1, 1, ny)
 
     def fit(fx, fxy, xq, yq):
         one = interpax.interp1d(xq, x, fx, method="cubic")
@@ -94,12 +103,12 @@ def interpax_interpolation():
         return one, two, error
 
     rng = np.random.default_rng(0)
-    xs = np.linspace(0, 2 * np.pi, 24, dtype=np.float32)
-    ys = np.linspace(-1, 1, 16, dtype=np.float32)
-    fx = (np.sin(xs) + 0.01 * rng.normal(size=24)).astype(np.float32)
+    xs = np.linspace(0, 2 * np.pi, nx, dtype=np.float32)
+    ys = np.linspace(-1, 1, ny, dtype=np.float32)
+    fx = (np.sin(xs) + 0.01 * rng.normal(size=nx)).astype(np.float32)
     fxy = (np.sin(xs)[:, None] * np.cos(ys)[None, :]).astype(np.float32)
-    xq = rng.uniform(0, 2 * np.pi, size=40).astype(np.float32)
-    yq = rng.uniform(-1, 1, size=40).astype(np.float32)
+    xq = rng.uniform(0, 2 * np.pi, size=queries).astype(np.float32)
+    yq = rng.uniform(-1, 1, size=queries).astype(np.float32)
     return fit, (fx, fxy, xq, yq)
 
 
@@ -110,15 +119,16 @@ def interpax_interpolation():
          xfail="CMA-ES samples through its covariance's eigenvectors; juju's eigh (Jacobi) "
                "gives XLA's eigenvalues but other eigenvector signs than LAPACK's syevd, so "
                "the populations differ from the first generation on")
-def evosax_cma_es_generations():
+def evosax_cma_es_generations(size):
     import jax
     import jax.numpy as jnp
     from evosax.algorithms import CMA_ES
 
     # evosax's README: CMA-ES's ask-eval-tell loop, here 5 generations in a
     # `lax.scan` on a shifted sphere, as its getting-started notebook does.
-    solution = jnp.zeros(6)
-    es = CMA_ES(population_size=16, solution=solution)
+    dims, population = sized(size, small=(6, 16), large=(256, 64))
+    solution = jnp.zeros(dims)
+    es = CMA_ES(population_size=population, solution=solution)
     params = es.default_params
 
     def generations(key, mean):
@@ -135,4 +145,4 @@ def evosax_cma_es_generations():
         state, best = jax.lax.scan(step, state, jax.random.split(key, 5))
         return state.mean, state.best_fitness, best
 
-    return generations, (jax.random.key(0), np.zeros(6, np.float32))
+    return generations, (jax.random.key(0), np.zeros(dims, np.float32))
