@@ -315,7 +315,8 @@ def main(argv: list[str]) -> int:
     if command == "fuzz":
         return env.run(["-m", "tests.fuzz.run", *rest])
     if command == "census":
-        env.ensure(_program_requirements(env.python))
+        env.ensure(_program_requirements(env.python,
+                                         ("requirements.txt", "requirements-more.txt")))
         return env.run(["-m", "benchmarks.census", *rest])
     if command == "bench":
         # benchmarks/programs.py's flax and optax rows: the programs tier's pins.

@@ -160,6 +160,8 @@ def _chain(emitter, run, read, results, k: str, width: int, dt) -> None:
             else:
                 expr = _vector_expression(emitter, eqn, args, dt, width)
         name = emitter.fresh("t")
+        if width == 1:  # typed: a comparison is a Bool, not a Scalar[DType.bool]
+            expr = f"Scalar[{mojo_dtype(np.dtype(out.aval.dtype))}]({expr})"
         emitter.emit(f"var {name} = {expr}")
         local[out] = name
         if out in results:
