@@ -17,7 +17,7 @@ import numpy as np
 from jax.extend import core as jex_core
 
 from juju import fallback
-from juju._compat import is_key_dtype, source_line
+from juju._compat import is_key_dtype
 from juju_kernels_mojo.codegen import complex_parts, fusion, parts, prng
 from juju_kernels_mojo.codegen.mojo import (VECTOR_BYTES, Array, Const, Unsupported,
                                             add_offsets, index_expr, mojo_dtype, scalar_type)
@@ -203,7 +203,7 @@ class Emitter:
                         if not isinstance(a, jex_core.Literal))
         while start < len(eqns):
             eqn = eqns[start]
-            try:
+            with fusion.named(eqn):
                 for v in (*eqn.invars, *eqn.outvars):
                     self.check_aval(v.aval)
                 stop = fusion.run_end(eqns, start, read)
@@ -217,10 +217,6 @@ class Emitter:
                 outs = [self.value(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
                 self.equation(eqn.primitive, ins, outs, eqn.params,
                               [v.aval for v in eqn.invars], [v.aval for v in eqn.outvars])
-            except Unsupported as why:  # named after the innermost equation refused
-                if why.primitive is None:
-                    why.primitive, why.source = eqn.primitive.name, source_line(eqn)
-                raise
             self.work += sum(o.size for o in outs)
             env.update(zip(eqn.outvars, outs))
             start += 1

@@ -123,12 +123,14 @@ def fused(emitter, run, read, live) -> dict:
 
 @contextlib.contextmanager
 def named(eqn):
-    """An `Unsupported` raised in the block names `eqn` (its primitive and line)."""
+    """An `Unsupported` raised in the block names the innermost equation
+    refused (`eqn` or one it holds) and the innermost user line: an equation
+    inside a library's jit (jnp.fft, jnp.sort) has none, its call does."""
     try:
         yield
     except Unsupported as why:
-        if why.primitive is None:
-            why.primitive, why.source = eqn.primitive.name, source_line(eqn)
+        why.primitive = why.primitive or eqn.primitive.name
+        why.source = why.source or source_line(eqn)
         raise
 
 
