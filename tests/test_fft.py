@@ -78,8 +78,8 @@ def multi_d():
 
 
 def special():
-    """NaN and inf in one signal of a batch; NaN in the imaginary part irfft ignores
-    when finite."""
+    """NaN and inf in one signal of a batch; NaN and inf in imaginary parts irfft
+    ignores (X_0's; X_n/2's for even n) as XLA does."""
     z = cplx(4, 16)
     z[1, 3], z[2, 0], z[3, 5] = np.nan, np.inf, complex(0, -np.inf)
     x = real(3, 12)
@@ -181,10 +181,16 @@ def test_matches_jax(compiled, rules, name, dtype):
     assert_fft_close(got, expected, np.float64 if dtype == "float64" else np.float32)
 
 
-def test_cpu_fft_is_the_mojo_kernel():
-    """On the CPU every kind of fft lowers to the mojo pack's kernels."""
+def _fft_packs():
     x = real(2, 8)
-    chosen = {(c.primitive, c.pack) for c in juju.explain(
+    return {(c.primitive, c.pack) for c in juju.explain(
         lambda x: (jnp.fft.irfft(jnp.fft.rfft(x)), jnp.fft.ifft2(jnp.fft.fft2(x))), x)
         if c.primitive == "fft"}
-    assert chosen == {("fft", "mojo")}
+
+
+def test_cpu_fft_is_the_mojo_kernel():
+    """On the CPU every kind of fft lowers to the mojo pack's kernels; with that
+    pack blocked (the "lax" cases above), to juju_ops_lax's rule."""
+    assert _fft_packs() == {("fft", "mojo")}
+    with packs_blocked("mojo"):
+        assert _fft_packs() == {("fft", "lax")}

@@ -124,13 +124,13 @@ def _irfft(z, n: int):
     """Real rows [rows, n] of the inverse DFT of n // 2 + 1 coefficients
     z [rows, 2, n // 2 + 1] of a Hermitian spectrum."""
     rows, dtype = z.shape[0], z.dtype
-    # XLA ignores the imaginary parts of X_0 (and X_n/2 for even n) unless
-    # they are NaN or infinite: times 0
-    keep = np.ones(n // 2 + 1, dtype)
-    keep[0] = 0
+    # XLA ignores the imaginary parts of X_0 (and X_n/2 for even n), NaN and
+    # inf included
+    keep = np.ones(n // 2 + 1, bool)
+    keep[0] = False
     if n % 2 == 0:
-        keep[-1] = 0
-    z = jnp.concatenate([z[:, :1], z[:, 1:] * keep], axis=1)
+        keep[-1] = False
+    z = jnp.concatenate([z[:, :1], jnp.where(keep, z[:, 1:], dtype.type(0))], axis=1)
     conj = np.array([1, -1], dtype)[:, None]
     if n % 2:
         full = jnp.concatenate([z, z[:, :, 1:][:, :, ::-1] * conj], axis=2)

@@ -428,8 +428,8 @@ struct Rfft:
 struct Irfft:
     """Output [rows, n]: the real inverse DFT (times 1 / n) of the n / 2 + 1
     coefficients x [rows, n / 2 + 1, 2] of a Hermitian spectrum. The
-    imaginary parts of X_0 (and X_n/2, n even) count only as times 0, as
-    in XLA (a NaN there gives NaNs). Even n: Z_k = (X_k + conj X_h-k) / (2 h)
+    imaginary parts of X_0 (and X_n/2, n even) are ignored, NaN and inf
+    included, as in XLA. Even n: Z_k = (X_k + conj X_h-k) / (2 h)
     + T_k (X_k - conj X_h-k), T_k = i/(2h) exp(2 pi i k / n) at table offset
     plan[1] (the scratch size at plan[0], the transform's plan from
     plan[2]), and z = IFFT_h(Z) holds x_2j + i x_2j+1. Odd n: the complex
@@ -487,11 +487,11 @@ struct Irfft:
                             im = src[unsafe_offset=(row * in_n + k) * 2 + 1]
                         spectrum[unsafe_offset=2 * k * W + l] = re
                         spectrum[unsafe_offset=(2 * k + 1) * W + l] = im
-                # imaginary parts that do not count: times 0 (NaN stays NaN)
-                _put[dtype, W](spectrum, 0, _re[dtype, W](spectrum, 0), _im[dtype, W](spectrum, 0) * zero)
+                # imaginary parts that do not count: dropped, NaN and inf too (XLA's)
+                _put[dtype, W](spectrum, 0, _re[dtype, W](spectrum, 0), zero)
                 if even:
                     var h = core
-                    _put[dtype, W](spectrum, h, _re[dtype, W](spectrum, h), _im[dtype, W](spectrum, h) * zero)
+                    _put[dtype, W](spectrum, h, _re[dtype, W](spectrum, h), zero)
                     var half = Scalar[dtype](0.5) / Scalar[dtype](h)
                     for k in range(h):
                         var ar = _re[dtype, W](spectrum, k)
