@@ -86,6 +86,10 @@ def rnn(w_h, w_x, xs):
     return h, hs.sum()
 
 
+def rfft_irfft(x):
+    return jnp.fft.irfft(jnp.fft.rfft(x), x.shape[-1])
+
+
 def scalar_add(x, y):
     return x + y
 
@@ -109,4 +113,5 @@ def workloads(rng):
         ("attention block", attention, (r(4, 8, 256, 64), r(4, 8, 256, 64), r(4, 8, 256, 64), r(512, 512) * 0.05), None),
         ("CNN training step", cnn_step, (cnn_params, r(128, 3, 32, 32), onehot), None),
         ("scan RNN", rnn, (r(256, 256) * 0.05, r(128, 256) * 0.05, r(64, 32, 128)), None),
+        ("rfft+irfft 16x16384", rfft_irfft, (r(16, 16384),), None),
     ]

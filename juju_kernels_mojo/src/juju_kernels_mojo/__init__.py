@@ -14,7 +14,8 @@ on the CPU, `cholesky`, `lu` and `triangular_solve` of real matrices (their
 own library, `juju_linalg`: linalg_rules.py); on the CPU, `sort`, `top_k` and
 the cumulative reductions (`juju_sequence`: sequence_rules.py); on the CPU,
 float32/float64 `dot_general` through numpy's OpenBLAS (`juju_blas`:
-blas_rules.py). On the CPU, `scan` and
+blas_rules.py); on the CPU, `fft` of every kind and length (`juju_fft`:
+fft_rules.py). On the CPU, `scan` and
 `while` loops whose bodies the `codegen` package can write become one generated
 kernel each (loop_rules.py; a library per loop, `juju_loop_<hash>`).
 """
@@ -71,6 +72,17 @@ def blas_library_path() -> Path:
 
 blas_library = juju.KernelLibrary(BLAS_LIBRARY, path=blas_library_path)
 
+FFT_LIBRARY = "juju_fft"
+FFT_KERNEL_DIR = Path(__file__).resolve().parent / "fft_kernels"
+
+
+def fft_library_path() -> Path:
+    """The compiled library of the FFT kernels (fft_rules.py)."""
+    return build_kernel_library(FFT_KERNEL_DIR, FFT_LIBRARY)
+
+
+fft_library = juju.KernelLibrary(FFT_LIBRARY, path=fft_library_path)
+
 from juju_kernels_mojo.primitives import add_one, fma, row_logsumexp  # noqa: E402
 
 __all__ = [
@@ -78,6 +90,7 @@ __all__ = [
     "library_path", "kernel_library", "LIBRARY", "KERNEL_DIR", "linalg_library_path",
     "linalg_library", "LINALG_LIBRARY", "LINALG_KERNEL_DIR", "sequence_library_path",
     "sequence_library", "SEQUENCE_LIBRARY", "SEQUENCE_KERNEL_DIR", "blas_library_path",
-    "blas_library", "BLAS_LIBRARY", "BLAS_KERNEL_DIR", "add_one", "fma",
+    "blas_library", "BLAS_LIBRARY", "BLAS_KERNEL_DIR", "fft_library_path", "fft_library",
+    "FFT_LIBRARY", "FFT_KERNEL_DIR", "add_one", "fma",
     "row_logsumexp",
 ]

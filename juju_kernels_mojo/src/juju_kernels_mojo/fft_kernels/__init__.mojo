@@ -1,0 +1,1 @@
+# juju-kernels-mojo's FFT kernels (fft.mojo): every @register in this package is found by MAX.
