@@ -45,12 +45,18 @@ def fusible(eqn, read) -> tuple | None:
     shape nor of one element, or made of parts)."""
     if eqn.primitive not in ELEMENTWISE or len(eqn.outvars) != 1:
         return None
+    try:  # complex values (parts) and keys are written apart
+        for v in (*eqn.invars, *eqn.outvars):
+            mojo_dtype(v.aval.dtype)
+    except Unsupported:
+        return None
     shape = tuple(eqn.outvars[0].aval.shape)
     for atom in eqn.invars:
         x = read(atom)
         if not isinstance(x, (Array, Const)) or (x.shape != shape and x.size != 1):
             return None
-    return shape, _vector_dtype(eqn)
+    dt = _vector_dtype(eqn)  # by name: numpy's dtype('float64') == None is True
+    return shape, None if dt is None else dt.name
 
 
 def _vector_dtype(eqn):
