@@ -10,6 +10,7 @@
     python3 dev.py programs      # the real-programs tier (flax, optax, ...) vs jax.jit
     python3 dev.py bench         # benchmarks, juju vs jax.jit (--cold-start: empty caches)
     python3 dev.py fuzz --count 2000   # random programs vs jax.jit (tests/fuzz)
+    python3 dev.py shared-cache --rounds 20   # processes at once on one cache, some killed
     python3 dev.py docs          # the docs site into site/ (mkdocs build --strict)
     python3 dev.py python ...    # run the venv's python
 
@@ -287,8 +288,8 @@ def main(argv: list[str]) -> int:
         if parallel:  # the cores shared out: each test process gets its MAX compile workers
             share = max(1, (os.cpu_count() or 1) // int(parallel[1]))
             os.environ.setdefault("JUJU_COMPILE_WORKERS", str(share))
-        return env.run(["-m", "pytest", "-m", "not full and not programs and not fuzz",
-                        *parallel, *rest])
+        deselected = "not full and not programs and not fuzz and not processes"
+        return env.run(["-m", "pytest", "-m", deselected, *parallel, *rest])
     if command == "programs":
         env.ensure(_program_requirements(env.python))
         return env.run(["-m", "pytest", "tests/programs", *rest])
@@ -303,6 +304,8 @@ def main(argv: list[str]) -> int:
         return env.run(["-m", "tests.conformance.run", *rest])
     if command == "fuzz":
         return env.run(["-m", "tests.fuzz.run", *rest])
+    if command == "shared-cache":
+        return env.run(["-m", "tests.shared_cache.run", *rest])
     if command == "bench":
         # benchmarks/programs.py's flax and optax rows: the programs tier's pins.
         env.ensure(_workspace()["bench-requirements"] + _program_requirements(env.python))

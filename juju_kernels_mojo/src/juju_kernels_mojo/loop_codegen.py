@@ -1040,10 +1040,7 @@ def loop_source(prim, params, in_avals, out_avals, name: str,
     else:
         entry = _custom_op_entry(name, inputs, out_data, len(in_avals))
     source = "\n".join([
-        PRELUDE,
-        loop_random.PRELUDE,
-        loop_sort.PRELUDE,
-        "",
+        SOURCE_PRELUDE,
         *entry,
         # XLA's and MAX's CPU kernels read and write denormals as zeros.
         indent + "with FlushDenormals():",
@@ -1053,6 +1050,11 @@ def loop_source(prim, params, in_avals, out_avals, name: str,
         "",
     ])
     return LoopKernel(name, source, tuple(e.consts), e.work)
+
+
+#: What every kernel's source starts with (imports and helpers); the rest is
+#: the kernel's own entry point and body, so sources can share one file.
+SOURCE_PRELUDE = "\n".join([PRELUDE, loop_random.PRELUDE, loop_sort.PRELUDE, ""])
 
 
 def _custom_op_entry(name: str, inputs, outputs, operands: int) -> list[str]:
