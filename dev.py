@@ -12,6 +12,7 @@
     python3 dev.py bench         # benchmarks, juju vs jax.jit (--cold-start: empty caches)
     python3 dev.py fuzz --count 2000   # random programs vs jax.jit (tests/fuzz)
     python3 dev.py census        # what the Mojo generator refuses, counted by class
+    python3 dev.py shared-cache --rounds 20   # processes at once on one cache, some killed
     python3 dev.py docs          # the docs site into site/ (mkdocs build --strict)
     python3 dev.py python ...    # run the venv's python
 
@@ -290,8 +291,8 @@ def main(argv: list[str]) -> int:
         if parallel:  # the cores shared out: each test process gets its MAX compile workers
             share = max(1, (os.cpu_count() or 1) // int(parallel[1]))
             os.environ.setdefault("JUJU_COMPILE_WORKERS", str(share))
-        return env.run(["-m", "pytest", "-m", "not full and not programs and not fuzz",
-                        *parallel, *rest])
+        deselected = "not full and not programs and not fuzz and not processes"
+        return env.run(["-m", "pytest", "-m", deselected, *parallel, *rest])
     if command == "programs":
         env.ensure(_program_requirements(env.python,
                                          ("requirements.txt", "requirements-more.txt")))
@@ -318,6 +319,8 @@ def main(argv: list[str]) -> int:
         env.ensure(_program_requirements(env.python,
                                          ("requirements.txt", "requirements-more.txt")))
         return env.run(["-m", "benchmarks.census", *rest])
+    if command == "shared-cache":
+        return env.run(["-m", "tests.shared_cache.run", *rest])
     if command == "bench":
         # benchmarks/programs.py's flax and optax rows: the programs tier's pins.
         env.ensure(_workspace()["bench-requirements"] + _program_requirements(env.python))

@@ -200,3 +200,39 @@ def test_the_default_folder_is_the_platform_user_cache(monkeypatch, tmp_path):
         assert cache.root() == tmp_path / "juju"
     monkeypatch.setenv("JUJU_CACHE_DIR", "~/somewhere")
     assert cache.root() == Path.home() / "somewhere"
+
+
+def test_writers_of_one_key_leave_an_entry_that_names_its_own_file(tmp_path, monkeypatch):
+    """Two processes compile the same graph (MEF bytes may differ) and store
+    it at once: each MEF file is named by its content, so whichever index
+    file lands last names a file with the digest it records."""
+    monkeypatch.setenv("JUJU_CACHE_DIR", str(tmp_path))
+    work = tmp_path / "work"
+    work.mkdir()
+    stored = []
+    for content in (b"first compile", b"second compile", b"first compile"):
+        scratch = work / "scratch.mef"
+        scratch.write_bytes(content)
+        stored.append(cache.store(["k1", "k2"], scratch))
+        assert not scratch.exists()  # moved, not copied
+    assert stored[0] == stored[2] != stored[1]  # one name per content
+    for index, key in enumerate(["k1", "k2"]):
+        mef, found = cache.lookup(key)
+        assert (mef, found) == (stored[2], index)
+        ref = json.loads((cache.folder() / f"{key}.json").read_text())
+        assert cache._file_digest(str(mef)) == ref["sha256"]
+    assert sorted(p.name for p in cache.folder().iterdir() if ".tmp" in p.name) == []
+
+
+def test_an_evicted_file_is_a_miss_and_a_young_one_is_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("JUJU_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("JUJU_CACHE_MAX_MB", "0")  # everything is over the bound
+    scratch = tmp_path / "scratch.mef"
+    scratch.write_bytes(b"a compile")
+    mef = cache.store(["key"], scratch)
+    assert mef.exists()  # written just now: another process may be loading it
+    os.utime(mef, (1, 1))
+    cache._evict(cache.folder())
+    assert not mef.exists()
+    assert cache.lookup("key") is None  # a miss, silently
+    assert not (cache.folder() / "key.json").exists()

@@ -1,30 +1,54 @@
 """The fuzzing tier (tests/fuzz): random jax.numpy/lax programs vs jax.jit.
 
-CI runs a fixed-seed sample, all in one MAX compilation. The long run
-(`python3 dev.py fuzz --count 2000`, or this module's `fuzz`-marked test with
-JUJU_FUZZ_COUNT) draws many more; known mismatches are data in
+CI runs a fixed-seed sample of 100 programs through both back ends: as MAX
+graphs (program kernels off: all in one MAX compilation) and as native
+program kernels (on: every kernel the generator writes built in one Mojo
+build, the others in one MAX compilation). The long run (`python3 dev.py
+fuzz --count 2000 --program-kernels on|off`, or this module's `fuzz`-marked
+test with JUJU_FUZZ_COUNT) draws many more; known mismatches are data in
 tests/fuzz/run.py (`KNOWN`) and xfail with their reason.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
 
 from tests.fuzz.run import draw_programs, run, run_batch
 
-SAMPLE = draw_programs(18, seed_value=20261123) + draw_programs(6, seed_value=7, x64=True)
+SAMPLE = draw_programs(75, seed_value=20261123) + draw_programs(25, seed_value=7, x64=True)
+BACKENDS = {"graph": "0", "native": "1"}  # JUJU_PROGRAM_KERNELS
 
 
 @pytest.fixture(scope="module")
 def outcomes():
-    return run_batch(SAMPLE)
+    results, warnings = {}, []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger("juju").addHandler(handler)
+    try:
+        for backend, kernels in BACKENDS.items():
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setenv("JUJU_PROGRAM_KERNELS", kernels)
+                results[backend] = run_batch(SAMPLE)
+    finally:
+        logging.getLogger("juju").removeHandler(handler)
+    return results, warnings
 
 
+def test_both_back_ends_ran_and_no_kernel_fell_back(outcomes):
+    results, warnings = outcomes
+    assert not [w for w in warnings if "failed to build" in w], warnings
+    ran = {b: sum(o.backend == b for o in results[b]) for b in BACKENDS}
+    assert ran["graph"] >= 90 and ran["native"] >= 50, ran  # skips aside
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("index", range(len(SAMPLE)))
-def test_sample_program(outcomes, index):
-    outcome = outcomes[index]
+def test_sample_program(outcomes, backend, index):
+    outcome = outcomes[0][backend][index]
     if outcome.status == "known":
         pytest.xfail(outcome.detail)
     if outcome.status == "skip":

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -386,6 +387,11 @@ def test_concurrent_builds_build_once_and_atomically(tmp_path):
     env = dict(os.environ, JUJU_CACHE_DIR=str(tmp_path / "cache"))
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
+    # What a builder killed mid-build leaves: its scratch folder, no library.
+    entry = (tmp_path / "cache" / "kernels" / build.toolchain_versions()
+             / f"tiny_kernels-{build.source_hash(src)}")
+    (entry / ".build-killed").mkdir(parents=True)
+    (entry / ".build-killed" / "tiny_kernels.mojoc").write_bytes(b"half a library")
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", BUILD_SCRIPT, str(src)],
@@ -410,6 +416,45 @@ def test_concurrent_builds_build_once_and_atomically(tmp_path):
         env=env, cwd=cwd, capture_output=True, text=True, check=True,
     ).stdout.split()
     assert out == [str(path), "None"]
+
+
+def test_generated_sources_are_content_addressed_and_written_whole(tmp_path, monkeypatch):
+    """Processes and threads share a generated kernel's source folder: its
+    name is its content's digest, it is renamed into place whole, and one
+    that no longer holds the files (damaged) is replaced."""
+    monkeypatch.setenv("JUJU_CACHE_DIR", str(tmp_path))
+    files = {"__init__.mojo": "", "loop.mojo": "# a kernel\n"}
+    folder = build.generated_sources("juju_loop_abc", files)
+    assert build.cache_dir() / "sources" in folder.parents
+    assert {p.name: p.read_text() for p in folder.iterdir()} == files
+    assert build.generated_sources("juju_loop_abc", files) == folder
+    other = build.generated_sources("juju_loop_abc", {**files, "loop.mojo": "# other\n"})
+    assert other != folder and folder.is_dir()  # a new content: a new folder
+    (folder / "loop.mojo").unlink()  # damaged (a disk full, a hand edit)
+    assert build.generated_sources("juju_loop_abc", files) == folder
+    assert (folder / "loop.mojo").read_text() == "# a kernel\n"
+    assert [p.name for p in folder.parent.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_daemon_thread_at_exit_is_abandoned_not_run(monkeypatch):
+    """While the process exits, a build a daemon thread would start blocks
+    for good instead (a MAX graph built then aborted processes); the main
+    thread, which runs the exit handlers, is never blocked."""
+    from juju import compile_pool
+
+    monkeypatch.setattr(compile_pool, "_exiting", threading.Event())
+    compile_pool._exiting.set()
+    compile_pool.abandon_if_exiting()  # the main thread goes on
+    reached = []
+
+    def build_at_exit():
+        compile_pool.abandon_if_exiting()
+        reached.append(True)
+
+    thread = threading.Thread(target=build_at_exit, daemon=True)
+    thread.start()
+    thread.join(0.5)
+    assert thread.is_alive() and not reached
 
 
 def test_an_unwritable_cache_builds_in_a_private_folder(tmp_path, monkeypatch, caplog):

@@ -58,6 +58,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
+import os
 import sys
 import time
 import traceback
@@ -68,6 +70,7 @@ import ml_dtypes
 import numpy as np
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
+from juju.runners import is_max_model
 from tests.fuzz.programs import Program, kind, programs
 
 MOVES = {"reshape", "transpose", "slice", "concatenate", "expand_dims", "squeeze", "flip",
@@ -210,6 +213,7 @@ class Outcome:
     status: str  # pass | fail | known | skip
     program: Program
     detail: str = ""
+    backend: str = ""  # what ran it: "native" (a program kernel) or "graph" (MAX)
 
 
 def draw_programs(count: int, seed_value: int, x64: bool = False) -> list[Program]:
@@ -335,7 +339,13 @@ def run_batch(batch: list[Program]) -> list[Outcome]:
                 outcomes[i] = _explain(program, k, error, a, e,
                                        [*program.inputs, *expected[i]])
                 break
+        outcomes[i].backend = _backend(jitted[i])
     return [outcomes[i] for i in range(len(batch))]
+
+
+def _backend(jitted) -> str:
+    (executable,) = jitted.executables.values()
+    return "graph" if is_max_model(executable.model) else "native"
 
 
 def run(count: int, seed_value: int = 0, batch: int = 100, x64_share: float = 0.25,
@@ -348,6 +358,8 @@ def run(count: int, seed_value: int = 0, batch: int = 100, x64_share: float = 0.
     if rerun is not None:
         all_programs = [p for p in all_programs if p.source() + "\n" in rerun]
     outcomes: list[Outcome] = []
+    fallbacks = _Fallbacks()
+    logging.getLogger("juju").addHandler(fallbacks)
     for start in range(0, len(all_programs), batch):
         t0 = time.time()
         part = run_batch(all_programs[start:start + batch])
@@ -355,6 +367,9 @@ def run(count: int, seed_value: int = 0, batch: int = 100, x64_share: float = 0.
         if verbose:
             counts = {s: sum(o.status == s for o in outcomes) for s in
                       ("pass", "fail", "known", "skip")}
+            counts.update({f"ran {b}": sum(o.backend == b for o in outcomes)
+                           for b in ("native", "graph")})
+            counts["kernel build failures"] = len(fallbacks.messages)
             print(f"[fuzz] {len(outcomes)}/{len(all_programs)} programs "
                   f"({time.time() - t0:.0f} s for this batch): {counts}", flush=True)
             for o in part:
@@ -368,17 +383,38 @@ def run(count: int, seed_value: int = 0, batch: int = 100, x64_share: float = 0.
     return outcomes
 
 
+class _Fallbacks(logging.Handler):
+    """juju's warnings that a generated kernel failed to build (a generator
+    bug: the program then runs as MAX ops, so its result may still pass)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if "failed to build" in message:
+            self.messages.append(message)
+            print(f"--- KERNEL BUILD FAILURE\n{message[:2000]}", flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=100, help="programs per MAX compilation")
     parser.add_argument("--x64-share", type=float, default=0.25)
+    parser.add_argument("--program-kernels", choices=("on", "off"),
+                        help="JUJU_PROGRAM_KERNELS for the run (default: the environment's, "
+                             "on unless set): on, a program the generator writes runs as one "
+                             "native kernel; off, every program is a MAX graph")
     parser.add_argument("--report", help="append failing and known programs to this file")
     parser.add_argument("--rerun", metavar="REPORT",
                         help="run only the programs an earlier --report listed (same "
                              "--count and --seed)")
     args = parser.parse_args(argv)
+    if args.program_kernels:
+        os.environ["JUJU_PROGRAM_KERNELS"] = "1" if args.program_kernels == "on" else "0"
     rerun = open(args.rerun).read() if args.rerun else None
     try:
         outcomes = run(args.count, args.seed, args.batch, args.x64_share, report=args.report,
@@ -387,7 +423,9 @@ def main(argv=None) -> int:
         traceback.print_exc()
         return 2
     failed = sum(o.status == "fail" for o in outcomes)
-    print(f"[fuzz] done: {len(outcomes)} programs, {failed} unexplained mismatches")
+    kernels = os.environ.get("JUJU_PROGRAM_KERNELS", "1") != "0"
+    print(f"[fuzz] done: {len(outcomes)} programs (program kernels "
+          f"{'on' if kernels else 'off'}), {failed} unexplained mismatches")
     return 1 if failed else 0
 
 

@@ -56,15 +56,15 @@ if _HAS_JAX:
     from juju.primitive import Primitive
     from juju.recording import Explanation, RuleChoice
     from juju.registry import ALL_DTYPES, Priority, Registry, Rule, RuleSet, direct
-    from juju.stages import Compiled, Lowered, compile_all
+    from juju.stages import Compiled, Lowered, Traced, compile_all
     from juju.exporting import Exported, export
     from juju.profiling import Profile, ProfileEntry, profile
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "jit", "make_max_graph", "compile_all", "to_numpy", "to_jax", "Lowered", "Compiled", "Primitive",
-    "explain", "Explanation", "RuleChoice", "primitives",
+    "jit", "make_max_graph", "compile_all", "to_numpy", "to_jax", "Traced", "Lowered", "Compiled",
+    "Primitive", "explain", "Explanation", "RuleChoice", "primitives",
     "Engine", "cpu_engine", "gpu_engine", "LoweringContext", "Rule", "RuleSet",
     "Registry", "Priority", "ALL_DTYPES", "direct", "lower_fun", "on_parts", "hookimpl", "KernelLibrary",
     "JujuError", "MissingRuleError", "LoweringError", "RuleConflictError",

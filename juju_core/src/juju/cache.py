@@ -11,13 +11,22 @@ Layout under `$JUJU_CACHE_DIR` (default: the platform's user cache folder,
 
     compiled/max-<version>/<batch>.mef      one MAX compilation (1..N graphs)
     compiled/max-<version>/<key>.json       {"mef": ..., "index": i, "sha256": ...}
+    compiled/max-<version>/locks/           a file lock per compilation in flight
 
-Writes go to a temporary file and are renamed into place, so readers never
-see a partial file and concurrent writers of the same key both leave a valid
-entry. Every entry is checked against its digest before MAX reads it; a
-corrupt or missing file is deleted and the graph recompiled. The total size
-is bounded (`JUJU_CACHE_MAX_MB`, default 2048): the least recently used
-batches go first. `JUJU_DISABLE_CACHE=1` turns the cache off.
+Safe under any number of processes and threads, and under a process killed
+at any point: a MEF file is named by the digest of its content (`<batch>` is
+that digest), so a name never holds two contents and two writers of one
+compilation write the same file; files are written under temporary names and
+renamed into place (atomic: readers see no file or a whole one), and every
+index file names its MEF and that MEF's digest, so an index never points at
+another compilation's file. Every entry is checked against its digest before
+MAX reads it; a corrupt or missing file is deleted and the graph recompiled.
+A killed process leaves at most a scratch file in `work/` (pruned after a
+week). Processes compiling the same graphs at once compile them once
+(`compile_locks`): the others wait, then load them from the cache. The total size is bounded (`JUJU_CACHE_MAX_MB`, default 2048): the
+least recently used batches go first, never one written in the last minute
+(another process may be loading it). `JUJU_DISABLE_CACHE=1` turns the cache
+off.
 
 The cache is an optimisation and never fails a call: a folder that cannot be
 created or written (a read-only or missing mount, a path through a file) is
@@ -27,6 +36,7 @@ memory; a read-only cache that holds entries is still read.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -39,14 +49,17 @@ import time
 from pathlib import Path
 
 import platformdirs
+from filelock import FileLock, Timeout
 
 log = logging.getLogger("juju")
 
-_file_digests: dict[tuple[str, float, int], str] = {}
+_file_digests: dict[tuple[str, int, int, int], str] = {}
 # Folders found unusable in this process (reported once, not written again).
 _unwritable: set[Path] = set()
 _unreadable: set[Path] = set()
 _report_lock = threading.Lock()
+#: A MEF used in the last minute is never evicted: a process may be loading it.
+_EVICT_GRACE_SECONDS = 60.0
 
 
 @functools.lru_cache(maxsize=None)
@@ -99,7 +112,7 @@ def _report_once(seen: set[Path], path: Path, what: str, exc: BaseException) -> 
 
 def _file_digest(path: str) -> str:
     stat = os.stat(path)
-    key = (path, stat.st_mtime, stat.st_size)
+    key = (path, stat.st_ino, stat.st_mtime_ns, stat.st_size)
     digest = _file_digests.get(key)
     if digest is None:
         digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
@@ -107,11 +120,14 @@ def _file_digest(path: str) -> str:
     return digest
 
 
-def graph_key(graph, device_description: str, kernel_paths=()) -> str:
-    """The cache key of a graph built for a device."""
+def graph_key(graph, device_description: str, kernel_paths=(), options=()) -> str:
+    """The cache key of a graph built for a device (and compiled with MAX's
+    `options`, (name, value) pairs)."""
     text = str(graph).replace(f"@{graph.name}(", "@juju_graph(", 1)
     digest = hashlib.sha256()
     digest.update(f"max {max_version()}\ndevice {device_description}\n".encode())
+    if options:
+        digest.update(f"options {sorted(options)!r}\n".encode())
     for path in kernel_paths:
         digest.update(f"kernels {_file_digest(os.fspath(path))}\n".encode())
     digest.update(text.encode())
@@ -134,12 +150,15 @@ def lookup(key: str) -> tuple[Path, int] | None:
     try:
         ref = json.loads(text)
         mef = path / ref["mef"]
+        index = int(ref["index"])
         if _file_digest(os.fspath(mef)) != ref["sha256"]:
             raise ValueError("digest mismatch")
-        index = int(ref["index"])
+    except FileNotFoundError:  # its MEF was evicted (by any process): a miss
+        _unlink(ref_path, unless_changed_from=text)
+        return None
     except Exception as exc:  # corrupt entry: drop it (if we may) and recompile
         log.warning("juju: dropping corrupt cache entry %s (%s)", ref_path.name, exc)
-        _unlink(ref_path)
+        _unlink(ref_path, unless_changed_from=text)
         return None
     now = time.time()
     try:
@@ -161,38 +180,85 @@ def store(keys: list[str], mef: Path) -> Path | None:
     except OSError as exc:  # read-only, missing mount, a file in the path...
         _report_once(_unwritable, path, "write", exc)
         return None
-    batch = hashlib.sha256("".join(keys).encode()).hexdigest()[:32]
-    target = path / f"batch-{batch}.mef"
+    target = None
     try:
-        try:
-            os.replace(mef, target)
-        except OSError:  # another file system: copy, then rename into place
-            fd, tmp = tempfile.mkstemp(dir=path, suffix=".mef.tmp")
-            os.close(fd)
-            shutil.copyfile(mef, tmp)
-            os.replace(tmp, target)
-            _unlink(Path(mef))
-        digest = _file_digest(os.fspath(target))
+        target, digest = _place(mef, path)
         for index, key in enumerate(keys):
             _write_atomic(path / f"{key}.json", json.dumps(
                 {"mef": target.name, "index": index, "sha256": digest}
             ))
     except Exception as exc:  # the cache is an optimisation: never fail a call
         log.warning("juju: could not write the compile cache in %s: %s", path, exc)
-        return target if target.exists() else None
+        return target  # the MEF, where it is now (None: still at `mef`)
     _evict(path)
     return target
 
 
+def _place(mef: Path, where: Path) -> tuple[Path, str]:
+    """`mef` moved into `where` under the name of its content's digest (a
+    copy, then the scratch file deleted, across file systems); the path
+    and the digest."""
+    digest = hashlib.sha256(Path(mef).read_bytes()).hexdigest()
+    target = where / f"batch-{digest[:32]}.mef"
+    try:
+        os.replace(mef, target)  # same name, same bytes: a concurrent writer's is as good
+    except OSError:  # another file system: copy, then rename into place
+        fd, tmp = tempfile.mkstemp(dir=where, suffix=".mef.tmp")
+        try:
+            with os.fdopen(fd, "wb") as out, open(mef, "rb") as src:
+                shutil.copyfileobj(src, out)
+            os.replace(tmp, target)
+        finally:
+            _unlink(Path(tmp))
+        _unlink(Path(mef))
+    return target, digest
+
+
+#: Seconds a process waits for another's compile of the same graphs before
+#: it compiles them too (a compile that hangs must not stop the others).
+_LOCK_WAIT_SECONDS = 1800.0
+
+
+@contextlib.contextmanager
+def compile_locks(batches: list[list[str]]):
+    """Hold a file lock per compilation (its graphs' keys) while it runs, so
+    that processes compiling the same graphs at once compile them once: the
+    others wait, then find them in the cache. Taken in one order (no
+    deadlock); released by the system when a holder dies; a no-op where the
+    cache is off or cannot be written."""
+    if not enabled() or folder() in _unwritable:
+        yield
+        return
+    names = sorted({hashlib.sha256("".join(keys).encode()).hexdigest()[:32]
+                    for keys in batches})
+    with contextlib.ExitStack() as held:
+        for name in names:
+            try:
+                where = directory() / "locks"
+                where.mkdir(exist_ok=True)
+                held.enter_context(FileLock(where / f"{name}.lock", timeout=_LOCK_WAIT_SECONDS))
+                os.utime(where / f"{name}.lock")  # in use: not pruned
+            except (OSError, Timeout) as exc:  # an optimisation: compile without it
+                log.debug("juju: compiling without the cache's lock %s (%s)", name, exc)
+        yield
+
+
 def _write_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def _unlink(path: Path) -> None:
     try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        _unlink(Path(tmp))
+
+
+def _unlink(path: Path, unless_changed_from: str | None = None) -> None:
+    """Delete `path`; with `unless_changed_from`, only while it still holds
+    that text (another process may have just written a good entry there)."""
+    try:
+        if unless_changed_from is not None and path.read_text() != unless_changed_from:
+            return
         path.unlink()
     except OSError:
         pass
@@ -200,6 +266,7 @@ def _unlink(path: Path) -> None:
 
 def _evict(where: Path) -> None:
     limit = float(os.environ.get("JUJU_CACHE_MAX_MB", "2048")) * 1024 * 1024
+    young = time.time() - _EVICT_GRACE_SECONDS
     mefs = []
     for path in where.glob("batch-*.mef"):
         try:
@@ -208,11 +275,16 @@ def _evict(where: Path) -> None:
             continue
         mefs.append((stat.st_mtime, stat.st_size, path))
     total = sum(size for _, size, _ in mefs)
-    for _, size, path in sorted(mefs):
-        if total <= limit:
+    for mtime, size, path in sorted(mefs):
+        if total <= limit or mtime > young:
             break
         _unlink(path)  # its .json refs now fail their digest check: recompiled
         total -= size
+    stale = time.time() - 7 * 24 * 3600  # compile locks unused for a week
+    for path in (where / "locks").glob("*.lock"):
+        with contextlib.suppress(OSError):
+            if path.stat().st_mtime < stale:
+                path.unlink()
 
 
 def clear() -> None:

@@ -56,12 +56,14 @@ class Job:
         extensions: the `.mojoc` kernel libraries its custom ops need.
         device: `(kind, index)` of the engine it is compiled for.
         what: the user's functions it holds, for messages.
+        options: MAX's compile options, (name, value) pairs.
     """
 
     text: str
     extensions: tuple[str, ...]
     device: tuple[str, int]
     what: str
+    options: tuple = ()
 
 
 def workers() -> int:
@@ -128,7 +130,8 @@ def _compile(job: Job, session_of) -> Path:
                 with max_building():
                     try:
                         compile_worker.compile_to_mef(session_of(job.device), job.text,
-                                                      job.extensions, str(mef))
+                                                      job.extensions, str(mef),
+                                                      dict(job.options))
                     except Exception as exc:
                         reason = compile_worker.compile_reason(exc)
                         raise CompileError(_failed(job, reason)) from exc
@@ -154,15 +157,14 @@ def _failed(job: Job, reason: str) -> str:
 
 def _compile_in_worker(job: Job, graph_path: Path, mef: Path) -> None:
     request = {"graph": str(graph_path), "extensions": list(job.extensions),
-               "device": list(job.device), "mef": str(mef)}
+               "device": list(job.device), "mef": str(mef), "options": dict(job.options)}
     worker = _checkout()
     try:
         reply = worker.ask(request, _timeout())
     finally:
         _checkin(worker)
     if reply is None:  # the worker died
-        if _exiting.is_set():  # killed by our own exit handler: nobody waits for this
-            threading.Event().wait()
+        abandon_if_exiting()  # killed by our own exit handler: nobody waits for this
         raise _crash(job, worker, graph_path)
     if not reply["ok"]:
         raise CompileError(_failed(job, reply["error"]))
@@ -356,7 +358,7 @@ _exiting = threading.Event()
 
 def _checkout() -> _Worker:
     global _active
-    _register_exit_handler()
+    register_exit_handler()
     with _pool:
         while _active >= workers():
             _pool.wait()
@@ -438,7 +440,7 @@ def max_building():
         from max._mlir_context import ensure_default_mlir_context
     except ImportError:
         ensure_default_mlir_context = contextlib.nullcontext
-    _register_exit_handler()
+    register_exit_handler()
     with _max_lock, ensure_default_mlir_context():
         yield
 
@@ -446,12 +448,23 @@ def max_building():
 _exit_handler_registered = False
 
 
-def _register_exit_handler() -> None:
+def register_exit_handler() -> None:
+    """Make sure `_at_exit` runs at exit; called before any work that may go
+    on in a daemon thread (a background compile, a kernel build)."""
     global _exit_handler_registered
     if not _exit_handler_registered:
         _exit_handler_registered = True
         # Registered after `max` is imported: runs before MAX's own exit handlers.
         atexit.register(_at_exit)
+
+
+def abandon_if_exiting() -> None:
+    """In a thread other than the main one while the process exits, block
+    for good: the work (a kernel build, a fallback to MAX) is for a call
+    nobody waits for, and MAX entered while the interpreter finalises aborts
+    the process (SIGABRT)."""
+    if _exiting.is_set() and threading.current_thread() is not threading.main_thread():
+        threading.Event().wait()
 
 
 def _at_exit() -> None:

@@ -8,7 +8,8 @@ the standard library and `max` (no jax, no juju), which keeps a worker's start
 near 0.3 s.
 
 Protocol: each request is one JSON line
-`{"graph": PATH, "extensions": [PATH, ...], "device": [KIND, INDEX], "mef": PATH}`;
+`{"graph": PATH, "extensions": [PATH, ...], "device": [KIND, INDEX], "mef": PATH,
+"options": {NAME: VALUE}}` (options: `InferenceSession.compile`'s keywords);
 the worker compiles the module in PATH (MLIR text of one or more `mo.graph`s)
 for the device, exports it to the MEF path and answers one JSON line:
 `{"ok": true, "seconds": S}` or `{"ok": false, "error": REASON}`. It exits when
@@ -69,13 +70,15 @@ def compile_reason(exc: BaseException) -> str:
     return " <- ".join(parts) or "unknown reason (see stderr)"
 
 
-def compile_to_mef(session, text: str, extensions, mef_path: str) -> None:
-    """Compile the module in `text` with `session` and export it to `mef_path`."""
+def compile_to_mef(session, text: str, extensions, mef_path: str, options=None) -> None:
+    """Compile the module in `text` with `session` (and MAX's compile
+    `options`, a dict) and export it to `mef_path`."""
     from max._mlir_context import ensure_default_mlir_context
 
     with ensure_default_mlir_context():
         module = parse_module(text)
-        compiled = session.compile(module, custom_extensions=list(extensions) or None)
+        compiled = session.compile(module, custom_extensions=list(extensions) or None,
+                                   **(options or {}))
     compiled.export_mef(mef_path)
 
 
@@ -95,7 +98,8 @@ def _serve_one(request: dict) -> dict:
         with open(request["graph"]) as f:
             text = f.read()
         kind, index = request["device"]
-        compile_to_mef(_session(kind, index), text, request["extensions"], request["mef"])
+        compile_to_mef(_session(kind, index), text, request["extensions"], request["mef"],
+                       request.get("options"))
     except Exception as exc:  # noqa: BLE001  (a compile error goes back to the caller)
         return {"ok": False, "error": compile_reason(exc)}
     return {"ok": True, "seconds": time.perf_counter() - start}

@@ -8,14 +8,27 @@ from jax import tree_util
 from juju._compat import wrap_key_data
 from juju.arguments import to_buffer, to_jax, to_jax_all, to_numpy
 from juju.buffers import unshare
+from juju.donation import delete_donated, place, take_buffers
 from juju.dtypes import complex_from_parts
 
+
 class Executable:
-    """A loaded MAX model plus how to feed it and rebuild the output pytree."""
+    """A loaded MAX model plus how to feed it and rebuild the output pytree.
+
+    `donated`: the (argument, result) pairs of the donated arguments a
+    result uses (`juju.donation.alias_plan`): those jax arrays are deleted
+    after each call. `aliases`: the pairs the model writes in place, leaving
+    them out of its results (the MAX graph's buffer inputs, or what a pack's
+    model took); `name` names the function in errors.
+    """
 
     def __init__(self, model, in_dtypes, out_tree, coerces_to_jnp, device, out_key_impls=(),
-                 out_complex=(), in_nbytes=None, fresh_outputs=False):
+                 out_complex=(), in_nbytes=None, fresh_outputs=False, donated=(), aliases=(),
+                 name="fn"):
         self.model = model
+        self.donated = donated
+        self.aliases = aliases
+        self.name = name
         self.fresh_outputs = fresh_outputs  # never an input's memory (juju.runners' models)
         self.in_nbytes = in_nbytes  # bytes of each input buffer; None: shapes vary
         self.out_key_impls = out_key_impls  # (output index, PRNG impl) of key outputs
@@ -33,9 +46,15 @@ class Executable:
     def run(self, leaves):
         device = self.device
         buffers = [to_buffer(x, d, device) for x, d in zip(leaves, self.in_dtypes)]
+        if self.aliases:  # results go into these buffers: ours to overwrite
+            take_buffers(leaves, buffers, self.aliases, self.name)
         outs = self._execute(buffers)
         if not self.fresh_outputs:
             unshare(outs, buffers, self.in_nbytes)
+        if self.aliases:
+            outs = place(outs, buffers, self.aliases)
+        if self.donated:
+            delete_donated(leaves, self.donated)
         if self.coerces_to_jnp:
             outs = to_jax_all(outs)
         for i, impl in self.out_key_impls:

@@ -75,4 +75,13 @@ def juju_program_runners():
     at once. A runner returns None for any program it cannot run so, may
     build code (at compile time, in the compiling thread), and must not run
     the program. Collected with `juju_rules`.
+
+    Optional: a runner may have `runner.prepare(closed_jaxprs, engine)`,
+    which juju calls once with every program it is about to compile
+    together (`juju.compile_all`), before asking for each one's model: a
+    runner that builds code may build all of it at once there. A model may
+    have `model.alias(pairs)`: given (argument, output) pairs of donated
+    arguments, it returns those whose output it writes into that
+    argument's buffer from then on, leaving that output out of its results
+    (`juju.donation`).
     """

@@ -388,7 +388,8 @@ def build_plan(jit_function, closed_jaxpr) -> Plan:
         fun.__name__ = fun.__qualname__ = f"{owner}.segment{count[0]}"
         fun.__wrapped__ = jit_function.fun  # logs name the user's source line
         # A JitFunction of the layer above, made through the one we were given.
-        fn = type(jit_function)(fun, (), (), False, jit_function.engine, tiered=False)
+        fn = type(jit_function)(fun, (), (), False, jit_function.engine, tiered=False,
+                                compiler_options=dict(jit_function.compiler_options))
         specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
                  for v in in_vars]
         return fn.lower(*specs)

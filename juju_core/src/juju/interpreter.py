@@ -12,7 +12,7 @@ from functools import partial
 
 import jax
 import numpy as np
-from max.graph import DeviceRef, Graph, TensorType
+from max.graph import BufferType, DeviceRef, Graph, TensorType, ops
 
 from juju import dtypes
 from juju._compat import (
@@ -267,22 +267,29 @@ def build_graph(
     module=None,
     input_shapes=None,
     const_inputs=(),
+    aliases=(),
 ) -> Graph:
     """A MAX graph computing `closed_jaxpr` (whose rules were checked).
 
     `input_shapes` may replace the static input shapes by symbolic ones;
     `libraries` names the kernel libraries behind `kernel_paths`;
     `const_inputs` are the indices of consts the graph takes as inputs after
-    the arguments (weights, for `juju.export`) instead of embedding them.
+    the arguments (weights, for `juju.export`) instead of embedding them;
+    `aliases` are (argument, result) pairs of donated arguments
+    (`juju.donation`): such an argument is a mutable buffer that the graph
+    reads first and stores the result into, and the result is no output.
     """
     jaxpr = closed_jaxpr.jaxpr
     in_avals = [dtypes.physical_aval(v.aval) for v in jaxpr.invars]
     shapes = input_shapes or [dtypes.max_shape(a.shape) for a in in_avals]
     weight_avals = [dtypes.physical_aval(jaxpr.constvars[i].aval) for i in const_inputs]
+    stored = dict(aliases)  # argument -> the result stored into it
     input_types = [
-        TensorType(dtypes.max_dtype(a.dtype), shape, device=device)
-        for a, shape in zip(in_avals + weight_avals,
-                            list(shapes) + [dtypes.max_shape(a.shape) for a in weight_avals])
+        (BufferType if i in stored else TensorType)(dtypes.max_dtype(a.dtype), shape,
+                                                    device=device)
+        for i, (a, shape) in enumerate(zip(
+            in_avals + weight_avals,
+            list(shapes) + [dtypes.max_shape(a.shape) for a in weight_avals]))
     ]
     graph = Graph(
         name,
@@ -291,7 +298,8 @@ def build_graph(
         **({"module": module} if module is not None else {}),
     )
     with graph:
-        inputs = [value.tensor for value in graph.inputs]
+        inputs = [ops.buffer_load(value.buffer) if i in stored else value.tensor
+                  for i, value in enumerate(graph.inputs)]
         args, weights = inputs[:len(in_avals)], inputs[len(in_avals):]
         consts = list(closed_jaxpr.consts)
         for i, weight in zip(const_inputs, weights):
@@ -301,5 +309,7 @@ def build_graph(
                 jaxpr, *args, consts=consts, registry=registry, device=device,
                 libraries=libraries,
             )
-        graph.output(*outs)
+        for i, k in stored.items():
+            ops.buffer_store(graph.inputs[i].buffer, outs[k])
+        graph.output(*[o for k, o in enumerate(outs) if k not in stored.values()])
     return graph

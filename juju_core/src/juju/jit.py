@@ -15,23 +15,26 @@ import logging
 import os
 import re
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import jax
 from jax import tree_util
 
 from juju import call as _call  # registers juju_call_p and its rules
-from juju import host, plugins, tiers
+from juju import donation, host, plugins, tiers
 from juju._compat import api_boundary, dce, hide_frames_under, is_tracer
 from juju.arguments import TracerSeen, leaf_signature
 from juju.dtypes import is_symbolic_dim
-from juju.engine import Engine, cpu_engine
+from juju.engine import Engine
 from juju.interpreter import check_rules
+from juju.jit_options import (UNSPECIFIED, check_shardings, checked_compiler_options,
+                              checked_engine, engine_for)
 from juju.logs import describe, explain_miss, log
-from juju.rewrites import apply_rewrites, notes_of
+from juju.polymorphic import symbolic_shapes
+from juju.rewrites import apply_rewrites
 from juju.executable import Executable
-from juju.stages import Lowered, load_executables, structs
-from juju.statics import resolve_statics
+from juju.stages import Lowered, Traced, load_executables, structs
+from juju.statics import resolve_donation, resolve_statics
 
 _graph_ids = itertools.count()
 
@@ -55,6 +58,10 @@ class JitFunction:
         static_argnums: positions of the static arguments (both options
             resolved against `f`'s signature).
         static_argnames: names of the static arguments.
+        donate_argnums: positions of the donated arguments (resolved as above).
+        donate_argnames: names of the donated arguments.
+        inline: trace `f` into the caller's program under a JAX transformation.
+        compiler_options: MAX compile options, as sorted (name, value) pairs.
         coerces_to_jnp: whether results are jax arrays.
         polymorphic_shapes: as given to `juju.jit`.
         tiered: as given to `juju.jit` (None: the default).
@@ -68,7 +75,8 @@ class JitFunction:
     """
 
     def __init__(self, fun, static_argnums, static_argnames, coerces_to_jnp, engine,
-                 polymorphic_shapes=None, tiered=None):
+                 polymorphic_shapes=None, tiered=None, *, donate_argnums=None,
+                 donate_argnames=None, inline=False, compiler_options=None):
         self.fun = fun
         self.tiered = tiered  # None: JUJU_TIERED, else by engine (tiers.enabled)
         self.background: dict[tuple, tiers.Background] = {}  # signatures MAX compiles
@@ -76,10 +84,14 @@ class JitFunction:
         self.polymorphic_shapes = polymorphic_shapes
         # symbolic signature -> Executable, or _PER_SHAPE when it cannot be built
         self._symbolic: dict[tuple, Any] = {}
-        self.engine = _checked_engine(engine)
+        self.engine = checked_engine(engine)
         self.static_argnums, self.static_argnames = resolve_statics(
             fun, static_argnums, static_argnames
         )
+        self.donate_argnums, self.donate_argnames = resolve_donation(
+            fun, donate_argnums, donate_argnames, (self.static_argnums, self.static_argnames))
+        self.inline = bool(inline)
+        self.compiler_options = checked_compiler_options(compiler_options)
         self._has_statics = bool(self.static_argnums or self.static_argnames)
         self.executables: dict[tuple, Executable] = {}
         self._lowered: dict[tuple, Lowered] = {}
@@ -139,7 +151,10 @@ class JitFunction:
             signature = tuple([leaf_signature(x) for x in leaves])
         except TracerSeen:
             # Under a JAX transformation, jax.jit or juju's own tracing: bind
-            # juju_call (juju/call.py), which juju inlines and JAX transforms.
+            # juju_call (juju/call.py), which juju inlines and JAX transforms,
+            # or (inline=True) trace the function into the caller's program.
+            if self.inline:
+                return self.fun(*args, **kwargs)
             return _call.call_traced(self, args, kwargs)
         key = (treedef, statics, signature, plugins.generation())
         executable = self.executables.get(key)
@@ -166,7 +181,7 @@ class JitFunction:
             if executable is None and self.polymorphic_shapes is not None:
                 executable = self._symbolic_executable(key, dyn_args)
             if executable is None:
-                lowered = self._lower(key, treedef, statics, _avals(signature))
+                lowered = self.lower_traced(key, treedef, statics, _avals(signature))
                 if lowered.tierable and tiers.enabled(self):
                     return tiers.call(self, lowered, leaves, load_executables)
                 lowered.compile()
@@ -191,14 +206,14 @@ class JitFunction:
         cached under this call's concrete signature; None where the function
         cannot be lowered with symbolic dimensions (then: one per shape)."""
         treedef, statics, signature, _ = key
-        shapes = _symbolic_shapes(self, dyn_args, signature)
+        shapes = symbolic_shapes(self, dyn_args, signature)
         symbolic = tuple((s, d, w) for s, (_, d, w) in zip(shapes, signature))
         skey = _cache_key(treedef, statics, symbolic)
         with self._key_lock(skey):  # concrete signatures of one symbolic one
             executable = self._symbolic.get(skey) or self.executables.get(skey)
             if executable is None:
                 try:
-                    lowered = self._lower(skey, treedef, statics, _avals(symbolic))
+                    lowered = self.lower_traced(skey, treedef, statics, _avals(symbolic))
                     lowered.graph  # rules that need static shapes fail here
                     executable = lowered.compile().executable
                 except Exception as exc:  # noqa: BLE001  (any failure: compile per shape)
@@ -226,6 +241,15 @@ class JitFunction:
         return tree_util.tree_unflatten(out_tree, structs(closed.out_avals))
 
     @api_boundary
+    def trace(self, *args, **kwargs) -> Traced:
+        """Trace for these arguments (arrays or jax.ShapeDtypeStruct), as
+        `jax.jit(f).trace`: the `Traced` holds the jaxpr; `.lower()` goes on
+        to the MAX graph. Checks no rule (lowering does)."""
+        key, treedef, statics, avals = self._abstract(args, kwargs)
+        traced = self.trace_to_jaxpr(treedef, statics, avals)
+        return Traced(self, key, treedef, statics, avals, *traced)
+
+    @api_boundary
     def lower(self, *args, **kwargs) -> Lowered:
         """Trace and lower for these arguments (arrays or jax.ShapeDtypeStruct).
 
@@ -239,38 +263,49 @@ class JitFunction:
 
     def lowered_for(self, args, kwargs) -> Lowered:
         """Traced and checked for these arguments; the graph not built yet."""
+        return self.lower_traced(*self._abstract(args, kwargs))
+
+    def _abstract(self, args, kwargs) -> tuple:
+        """(jit cache key, treedef, statics, avals) of a call's arguments."""
         dyn_args, dyn_kwargs, statics = self.split_arguments(args, kwargs)
         leaves, treedef = tree_util.tree_flatten((dyn_args, dyn_kwargs))
         signature = tuple(map(leaf_signature, leaves))
-        key = _cache_key(treedef, statics, signature)
-        return self._lower(key, treedef, statics, _avals(signature))
+        return _cache_key(treedef, statics, signature), treedef, statics, _avals(signature)
 
-    def _lower(self, key, treedef, statics, avals) -> Lowered:
+    def lower_traced(self, key, treedef, statics, avals, traced=None) -> Lowered:
+        """The `Lowered` of a signature (`traced`: its (jaxpr, output tree)
+        when already traced, by `trace`), made once whichever thread asks."""
         lowered = self._lowered.get(key)
         if lowered is not None:
             return lowered
         with self._key_lock(key):  # one trace per signature, whichever thread lowers
             lowered = self._lowered.get(key)
             if lowered is None:
-                lowered = self._lowered[key] = self._new_lowered(key, treedef, statics, avals)
+                lowered = self._new_lowered(key, treedef, statics, avals, traced)
+                self._lowered[key] = lowered
         return lowered
 
-    def _new_lowered(self, key, treedef, statics, avals) -> Lowered:
-        traced, out_tree = self.trace_to_jaxpr(treedef, statics, avals)
+    def _new_lowered(self, key, treedef, statics, avals, traced=None) -> Lowered:
+        traced, out_tree = traced or self.trace_to_jaxpr(treedef, statics, avals)
         traced = dce(traced)
+        donated = ()
+        if self.donate_argnums or self.donate_argnames:
+            donated = donation.donated_leaves(treedef, statics, self.donate_argnums,
+                                              self.donate_argnames)
         if host.has_callbacks(traced):  # staged: MAX graphs between host callbacks
             lifted = host.lift(traced)  # callbacks only at the top or in cond/while/scan
+            donation.warn_unusable(traced, donated, (), stacklevel=5)  # no aliasing there
             return host.StagedLowered(
                 jit_function=self, key=key, closed_jaxpr=lifted, out_tree=out_tree,
                 in_dtypes=[a.dtype for a in avals], kernel_names=frozenset(),
                 name=_graph_name(self.fun), traced_jaxpr=traced,
                 plan=host.build_plan(self, lifted),
             )
-        closed = apply_rewrites(traced)  # dead code first: rewrites match cleaner
-        for note in notes_of(closed):  # how the packs placed it (juju.explain's notes)
-            log.info("juju: %s: %s", describe(self.fun), note)
+        closed = apply_rewrites(traced, describe(self.fun))  # logs how packs placed it
         registry = plugins.registry()
         required = check_rules(closed, registry, self.engine.device_ref)
+        aliases = donation.alias_plan(closed, donated)
+        donation.warn_unusable(closed, donated, aliases, stacklevel=5)
         return Lowered(
             jit_function=self,
             key=key,
@@ -280,6 +315,9 @@ class JitFunction:
             kernel_names=frozenset(required),
             name=_graph_name(self.fun),
             traced_jaxpr=traced,
+            donated=donated,
+            aliases=aliases,
+            compiler_options=self.compiler_options,
         )
 
     def trace_to_jaxpr(self, treedef, statics, avals):
@@ -316,8 +354,6 @@ class JitFunction:
 _PER_SHAPE = object()  # marks a symbolic signature that could not be lowered
 
 
-
-
 def _avals(signature) -> list:
     return [jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in signature]
 
@@ -330,64 +366,26 @@ def _cache_key(treedef, statics, signature) -> tuple:
     return (treedef, statics, signature, plugins.generation())
 
 
-def _symbolic_shapes(fn: JitFunction, dyn_args, signature) -> list:
-    """Each leaf's shape with the dimensions `polymorphic_shapes` names made
-    symbolic (`jax.export.symbolic_args_specs`); checks the call agrees."""
-    try:
-        specs = tree_util.tree_leaves(
-            jax.export.symbolic_args_specs(_arg_specs(dyn_args), fn.polymorphic_shapes))
-    except Exception as exc:  # JAX's parse and shape checks
-        raise ValueError(f"juju.jit({fn.__name__}): polymorphic_shapes="
-                         f"{fn.polymorphic_shapes!r} does not fit the arguments: {exc}") from exc
-    shapes = [s.shape for s in specs] + [s for s, _, _ in signature[len(specs):]]
-    bound: dict[str, int] = {}
-    for shape, (concrete, _, _) in zip(shapes, signature):
-        if len(shape) != len(concrete):
-            raise ValueError(f"juju.jit({fn.__name__}): polymorphic_shapes gives rank "
-                             f"{len(shape)} for an argument of shape {concrete}")
-        for d, n in zip(shape, concrete):
-            if not is_symbolic_dim(d):  # constants: checked by jax.export above
-                continue
-            name = str(d)
-            if d.get_vars() != {name}:
-                raise ValueError(f"juju.jit({fn.__name__}): polymorphic_shapes: use plain "
-                                 f"dimension names, not '{d}'")
-            if bound.setdefault(name, n) != n:
-                raise ValueError(f"juju.jit({fn.__name__}): dimension '{name}' is "
-                                 f"{bound[name]} in one argument and {n} in another")
-    return shapes
-
-
-def _arg_specs(dyn_args):
-    return tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(*leaf_signature(x)[:2]), dyn_args)
-
-
 def _graph_name(fun) -> str:
     base = re.sub(r"\W", "_", getattr(fun, "__name__", "fn")) or "fn"
     return f"{base}_{next(_graph_ids)}"
 
 
-def _checked_engine(engine) -> Engine:
-    if engine is None:
-        return cpu_engine()
-    if isinstance(engine, Engine):
-        return engine
-    name = getattr(engine, "__name__", None)
-    if callable(engine) and name:  # engine=juju.gpu_engine: the factory, not called
-        got = f"the function {name}; call it: engine=juju.{name}()"
-    else:
-        got = f"{type(engine).__name__} {engine!r}"
-    raise TypeError(
-        f"juju.jit: engine must be a juju.Engine, such as juju.cpu_engine() or "
-        f"juju.gpu_engine(0), got {got}"
-    )
-
-
 def jit(
     f: Callable | None = None,
+    /,
     *,
-    static_argnums: int | Sequence[int] = (),
-    static_argnames: str | Sequence[str] = (),
+    in_shardings: Any = UNSPECIFIED,
+    out_shardings: Any = UNSPECIFIED,
+    static_argnums: int | Sequence[int] | None = None,
+    static_argnames: str | Iterable[str] | None = None,
+    donate_argnums: int | Sequence[int] | None = None,
+    donate_argnames: str | Iterable[str] | None = None,
+    keep_unused: bool = False,
+    device: Any = None,
+    backend: str | None = None,
+    inline: bool = False,
+    compiler_options: dict[str, Any] | None = None,
     coerces_to_jnp: bool = False,
     engine: Engine | None = None,
     polymorphic_shapes=None,
@@ -399,16 +397,37 @@ def jit(
     weak types, static values) traces `f`, lowers it to a MAX graph and
     compiles it; later calls with that signature run the compiled model.
     Arguments may be numpy or jax arrays, Python scalars or MAX buffers, in
-    any pytree, positional or keyword.
+    any pytree, positional or keyword. Every parameter of `jax.jit` is
+    taken, with jax's meaning on one device (`juju.jit_options`).
 
     Args:
         f: the function to compile, written in JAX. Omitted (`@jit(...)`),
             `jit` returns a decorator taking it.
+        in_shardings: as `jax.jit`'s, on one device: None, or shardings
+            (in a pytree) that place whole arrays on the engine's device;
+            any other is refused (ValueError naming it).
+        out_shardings: the same for the results.
         static_argnums: positions of arguments that are Python values rather
             than arrays (hashable; each new value compiles anew), as in
             `jax.jit`.
         static_argnames: names of such arguments, as in `jax.jit`; a
             parameter named in either is static under both.
+        donate_argnums: positions of arguments whose memory the results
+            may take, as in `jax.jit` (`juju.donation`): a donated jax array
+            that a result uses is deleted after the call, a donated MAX
+            buffer may be overwritten.
+        donate_argnames: names of such arguments; a parameter named in
+            either is donated under both.
+        keep_unused: accepted: juju never prunes an unused argument (it
+            stays a graph input), which is what True asks and False allows.
+        device: the device to run on, a jax or MAX device of the host or
+            of a GPU: picks the engine (`cpu_engine()` or `gpu_engine(i)`).
+        backend: `"cpu"`, or `"gpu"` (also `"cuda"`, `"rocm"`): picks the
+            engine; not with `device` (jax's ValueError).
+        inline: under a JAX transformation (`jax.jit`, `grad`, `vmap`),
+            trace `f` into the caller's program instead of a `juju_call`.
+        compiler_options: MAX compile options (`juju.jit_options.MAX_OPTIONS`:
+            `tile_based_fusion`); other names, XLA's included, are refused.
         coerces_to_jnp: return jax arrays instead of MAX buffers.
         engine: where to run; `cpu_engine()` when None. See `juju.Engine`.
         polymorphic_shapes: shape specs of the positional (non-static)
@@ -431,24 +450,23 @@ def jit(
 
     Raises:
         TypeError: `f` is not callable, `engine` is not an `Engine`, or a
-            static argument number or name has the wrong type.
-        ValueError: `static_argnums`/`static_argnames` name no parameter of
-            `f` (checked now, as `jax.jit` does).
+            static or donated argument number or name has the wrong type.
+        ValueError: `static_argnums`/`static_argnames` (or the donate
+            options) name no parameter of `f`, or an argument is both static
+            and donated (checked now, as `jax.jit` does); `device` and
+            `backend` both given, or shardings over other devices.
     """
-    if f is None:
-        return functools.partial(
-            jit,
-            static_argnums=static_argnums,
-            static_argnames=static_argnames,
-            coerces_to_jnp=coerces_to_jnp,
-            engine=engine,
-            polymorphic_shapes=polymorphic_shapes,
-            tiered=tiered,
-        )
+    if f is None:  # every option as given, for the decorator
+        return functools.partial(jit, **{k: v for k, v in locals().items() if k != "f"})
     if not callable(f):
         raise TypeError(f"juju.jit expects a callable, got {type(f).__name__}")
+    engine = engine_for(engine, device, backend)
+    check_shardings("in_shardings", in_shardings, engine)
+    check_shardings("out_shardings", out_shardings, engine)
     return JitFunction(f, static_argnums, static_argnames, coerces_to_jnp, engine,
-                       polymorphic_shapes, tiered)
+                       polymorphic_shapes, tiered, donate_argnums=donate_argnums,
+                       donate_argnames=donate_argnames, inline=inline,
+                       compiler_options=compiler_options)
 
 
 def make_max_graph(f: Callable, *, engine: Engine | None = None, **jit_kwargs):
@@ -468,7 +486,7 @@ def make_max_graph(f: Callable, *, engine: Engine | None = None, **jit_kwargs):
         MissingRuleError: (at the call) equations no installed pack lowers.
         LoweringError: (at the call) a rule failed.
     """
-    _checked_engine(engine)  # fail here, not at the first call
+    checked_engine(engine)  # fail here, not at the first call
 
     @functools.wraps(f)
     def build(*args, **kwargs):

@@ -19,31 +19,54 @@ from juju.engine import Engine, module_of
 from juju.logs import log
 
 
-def load_models(engine: Engine, graphs: list, names: list[str]) -> list:
+def load_models(engine: Engine, graphs: list, names: list[str], options=None) -> list:
     """A loaded model per graph of `graphs` (built for `engine`), in order.
 
     `names` describe each graph's user function (`juju.logs.describe`), for
-    messages. Raises `CompileError` (or `CompilerCrashError`) when MAX fails.
+    messages; `options` are each graph's MAX compile options (sorted (name,
+    value) pairs; none by default). Raises `CompileError` (or
+    `CompilerCrashError`) when MAX fails.
     """
     models: list = [None] * len(graphs)
+    options = options or [()] * len(graphs)
     with compile_pool.max_building():
-        keys = [cache.graph_key(g, engine.description, g.kernel_libraries_paths)
-                for g in graphs]
-        for i, key in enumerate(keys):
-            hit = cache.lookup(key)
-            log.debug("juju: persistent cache %s for %s (key %s)",
-                      "miss" if hit is None else "hit", names[i], key[:16])
-            if hit is not None:
-                try:
-                    models[i] = engine.load_mef(hit[0])[hit[1]]
-                except Exception as exc:  # unreadable entry: compile instead
-                    log.warning("juju: cached model %s unusable (%s); recompiling", hit[0], exc)
-        misses = [i for i, m in enumerate(models) if m is None]
-        batches = _batches(misses)
-        jobs = [_job(engine, [graphs[i] for i in batch], [names[i] for i in batch])
-                for batch in batches]
-    if not jobs:
+        keys = [cache.graph_key(g, engine.description, g.kernel_libraries_paths, o)
+                for g, o in zip(graphs, options)]
+        batches = _load_cached(engine, keys, names, options, models)
+    if not batches:
         return models
+    # Processes that compile the same batch at once (pytest-xdist workers,
+    # scripts started together): one compiles, the others wait and load it.
+    with cache.compile_locks([[keys[i] for i in batch] for batch in batches]):
+        with compile_pool.max_building():
+            batches = _load_cached(engine, keys, names, options, models)
+            jobs = [_job(engine, [graphs[i] for i in batch], [names[i] for i in batch],
+                         options[batch[0]]) for batch in batches]
+        if jobs:
+            _compile(engine, jobs, batches, keys, models)
+    return models
+
+
+def _load_cached(engine: Engine, keys, names, options, models: list) -> list[list[int]]:
+    """Load what the persistent cache holds into `models` (None: a miss);
+    the misses, split into compilations."""
+    for i, key in enumerate(keys):
+        if models[i] is not None:
+            continue
+        hit = cache.lookup(key)
+        log.debug("juju: persistent cache %s for %s (key %s)",
+                  "miss" if hit is None else "hit", names[i], key[:16])
+        if hit is not None:
+            try:
+                models[i] = engine.load_mef(hit[0])[hit[1]]
+            except Exception as exc:  # unreadable entry: compile instead
+                log.warning("juju: cached model %s unusable (%s); recompiling", hit[0], exc)
+    misses = [i for i, m in enumerate(models) if m is None]
+    return [batch for o in dict.fromkeys(options)  # one compilation per option set
+            for batch in _batches([i for i in misses if options[i] == o])]
+
+
+def _compile(engine: Engine, jobs, batches, keys, models: list) -> None:
     mefs = compile_pool.compile_jobs(jobs, lambda _device: engine.session)
     with compile_pool.max_building():
         for batch, mef in zip(batches, mefs, strict=True):
@@ -57,7 +80,6 @@ def load_models(engine: Engine, graphs: list, names: list[str]) -> list:
                     Path(mef).unlink(missing_ok=True)
             for i, model in zip(batch, loaded, strict=True):
                 models[i] = model
-    return models
 
 
 def _batches(misses: list[int]) -> list[list[int]]:
@@ -66,11 +88,11 @@ def _batches(misses: list[int]) -> list[list[int]]:
     return [misses[k::count] for k in range(count)] if misses else []
 
 
-def _job(engine: Engine, graphs: list, names: list[str]) -> compile_pool.Job:
+def _job(engine: Engine, graphs: list, names: list[str], options=()) -> compile_pool.Job:
     module = graphs[0].module if len(graphs) == 1 else module_of(graphs)
     # The graphs' libraries: their rules' and any a rule generated while
     # lowering (`juju.lowering_helpers.load_kernel_library`).
     extensions = sorted({str(p) for g in graphs for p in g.kernel_libraries_paths})
     unique = list(dict.fromkeys(names))
     what = ", ".join(unique[:4]) + (f" and {len(unique) - 4} more" if len(unique) > 4 else "")
-    return compile_pool.Job(module_text(module), tuple(extensions), engine.key, what)
+    return compile_pool.Job(module_text(module), tuple(extensions), engine.key, what, options)

@@ -17,6 +17,7 @@ import weakref
 from juju import plugins
 from juju._compat import ClosedJaxpr
 from juju.errors import JujuError, PackError
+from juju.logs import log
 
 _notes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _notes_lock = threading.Lock()
@@ -35,8 +36,9 @@ def notes_of(closed_jaxpr) -> tuple[str, ...]:
         return _notes.get(closed_jaxpr, ())
 
 
-def apply_rewrites(closed_jaxpr):
-    """`closed_jaxpr` after every loaded pack's rewrite passes, in order.
+def apply_rewrites(closed_jaxpr, what: str | None = None):
+    """`closed_jaxpr` after every loaded pack's rewrite passes, in order;
+    their notes logged at INFO as notes of `what` (a program's name), if given.
 
     A pass that raises, or returns something other than a ClosedJaxpr, fails
     with a PackError naming its pack (its cause chained)."""
@@ -61,4 +63,6 @@ def apply_rewrites(closed_jaxpr):
             with _notes_lock:
                 _notes[result] = (*_notes.get(closed_jaxpr, ()), *_notes.get(result, ()))
         closed_jaxpr = result
+    for note in notes_of(closed_jaxpr) if what else ():
+        log.info("juju: %s: %s", what, note)
     return closed_jaxpr

@@ -39,6 +39,20 @@ def direct_model(closed_jaxpr, engine):
     return None
 
 
+def prepare_programs(closed_jaxprs: list, engine) -> None:
+    """Let each runner that can (`runner.prepare`) build the code of many
+    programs at once, before `direct_model` asks for each one's model."""
+    for pack, runner in plugins.program_runners_by_pack():
+        prepare = getattr(runner, "prepare", None)
+        if prepare is None:
+            continue
+        try:
+            prepare(closed_jaxprs, engine)
+        except Exception as exc:  # an optimisation: each program is still asked for alone
+            log.warning("juju: pack '%s': preparing %d programs failed (%s: %s); each is "
+                        "built alone", pack, len(closed_jaxprs), type(exc).__name__, exc)
+
+
 def is_max_model(model) -> bool:
     """Whether `model` is MAX's (not a pack's): `juju.profile` takes MAX's
     dispatch cost off its times."""

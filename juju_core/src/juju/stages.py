@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import jax
@@ -22,16 +22,18 @@ from jax import tree_util
 from juju import plugins, tiers
 from juju._compat import api_boundary, is_complex_dtype, is_key_dtype, key_impl
 from juju.arguments import TracerSeen, input_nbytes, leaf_signature
-from juju.compile_pool import max_building
+from juju.compile_pool import max_building, register_exit_handler
+from juju.donation import donated_leaves
 from juju.dtypes import is_symbolic_dim
 from juju.engine import Engine
 from juju.executable import Executable
 from juju.interpreter import build_graph
+from juju.jit_options import merged_options
 from juju.loading import load_models
 from juju.logs import describe
 from juju.recording import Explanation, recording
 from juju.rewrites import notes_of
-from juju.runners import direct_model
+from juju.runners import direct_model, prepare_programs
 
 @dataclass
 class Lowered:
@@ -52,6 +54,10 @@ class Lowered:
         name: the MAX graph's name.
         traced_jaxpr: the program before juju's rewrites (what the XLA tier
             runs).
+        donated: whether each flat argument is donated (empty: none is).
+        aliases: (argument, result) pairs whose result takes the donated
+            argument's memory (`juju.donation.alias_plan`).
+        compiler_options: MAX compile options, sorted (name, value) pairs.
         tierable: whether XLA may serve calls while MAX compiles it.
     """
 
@@ -63,6 +69,9 @@ class Lowered:
     kernel_names: frozenset
     name: str
     traced_jaxpr: Any = None  # before juju's rewrites: what the XLA tier runs (tiers.py)
+    donated: tuple = ()
+    aliases: tuple = ()
+    compiler_options: tuple = ()
     tierable = True  # XLA may serve while MAX compiles (host.StagedLowered may not)
 
     @property
@@ -81,10 +90,9 @@ class Lowered:
 
     @property
     def args_info(self):
-        """`jax.stages.ArgInfo` (shape, dtype; never donated) of each non-static
+        """`jax.stages.ArgInfo` (shape, dtype, donated) of each non-static
         argument, in the pytree of `(args, kwargs)`, as jax's."""
-        infos = [jax.stages.ArgInfo(aval, False) for aval in self.closed_jaxpr.in_avals]
-        return tree_util.tree_unflatten(self.in_tree, infos)
+        return args_info(self.in_tree, self.closed_jaxpr.in_avals, self.donated)
 
     @property
     def out_info(self):
@@ -129,6 +137,7 @@ class Lowered:
             kernel_paths=self.kernel_paths,
             libraries=self.kernel_names,
             module=module,
+            aliases=self.aliases,
         )
 
     @property
@@ -162,10 +171,67 @@ class Lowered:
         placed it: see `juju.Explanation`)."""
         return notes_of(self.closed_jaxpr)
 
-    def compile(self) -> "Compiled":
+    def compile(self, compiler_options: dict[str, Any] | None = None) -> "Compiled":
         """Compile (or load from the caches) and return the `Compiled`; to
-        compile several in one MAX compilation, use `juju.compile_all`."""
+        compile several in one MAX compilation, use `juju.compile_all`.
+        `compiler_options` (as `juju.jit`'s) add to the function's own."""
+        options = merged_options(self.compiler_options, compiler_options)
+        if options != self.compiler_options:  # its own executable, beside the jit cache's
+            return replace(self, key=(*self.key, options), compiler_options=options).compile()
         return compile_all([self])[0]
+
+
+class Traced:
+    """A function traced for one signature, as jax's `jax.stages.Traced`:
+    the jaxpr, its argument and output types; `lower()` builds the MAX graph.
+
+    Made by `JitFunction.trace`.
+
+    Attributes:
+        jit_function: the `JitFunction` it belongs to.
+        jaxpr: the traced program (a `ClosedJaxpr`), before juju's rewrites.
+        out_tree: the pytree structure of the outputs.
+    """
+
+    def __init__(self, jit_function, key, treedef, statics, avals, jaxpr, out_tree):
+        self.jit_function = jit_function
+        self.jaxpr = jaxpr
+        self.out_tree = out_tree
+        self._signature = (key, treedef, statics, avals)
+
+    @property
+    def fun_name(self) -> str:
+        """The function's name."""
+        return getattr(self.jit_function.fun, "__name__", "fn")
+
+    @property
+    def args_info(self):
+        """`jax.stages.ArgInfo` of each non-static argument, as `Lowered.args_info`."""
+        key, treedef, statics, _ = self._signature
+        fn = self.jit_function
+        donated = ()
+        if fn.donate_argnums or fn.donate_argnames:
+            donated = donated_leaves(treedef, statics, fn.donate_argnums, fn.donate_argnames)
+        return args_info(treedef, self.jaxpr.in_avals, donated)
+
+    @property
+    def out_info(self):
+        """`jax.ShapeDtypeStruct` of each output, in the output pytree."""
+        return tree_util.tree_unflatten(self.out_tree, structs(self.jaxpr.out_avals))
+
+    def lower(self) -> Lowered:
+        """The `Lowered` of this trace (its rules checked, its graph built),
+        as `JitFunction.lower` makes it; the jaxpr is not traced again."""
+        lowered = self.jit_function.lower_traced(*self._signature, (self.jaxpr, self.out_tree))
+        lowered.graph  # build now, so that rule failures surface here
+        return lowered
+
+
+def args_info(in_tree, avals, donated) -> Any:
+    """`jax.stages.ArgInfo` per flat argument, in the pytree `in_tree`."""
+    flags = donated or (False,) * len(avals)
+    infos = [jax.stages.ArgInfo(aval, bool(d)) for aval, d in zip(avals, flags)]
+    return tree_util.tree_unflatten(in_tree, infos)
 
 
 class Compiled:
@@ -311,8 +377,12 @@ def compile_all(lowered: Sequence[Lowered]) -> list[Compiled]:
 def load_executables(lowered: Sequence[Lowered]) -> list[Compiled]:
     """Compile (or load from the caches) each `Lowered` not yet in its jit
     cache, one MAX compilation per worker and engine, and put it there."""
+    register_exit_handler()  # a pack's runner may build kernels (juju.runners)
     pending = [low for low in lowered if low.key not in low.jit_function.executables]
     models = {}  # index in pending -> its model; first those packs run (juju.runners)
+    for engine in {low.jit_function.engine for low in pending} if len(pending) > 1 else ():
+        prepare_programs([low.closed_jaxpr for low in pending
+                          if low.jit_function.engine == engine], engine)
     for i, low in enumerate(pending):
         model = direct_model(low.closed_jaxpr, low.jit_function.engine)
         if model is not None:
@@ -327,7 +397,8 @@ def load_executables(lowered: Sequence[Lowered]) -> list[Compiled]:
             by_engine.setdefault(low.jit_function.engine, []).append(i)
     for engine, group in by_engine.items():
         loaded = load_models(engine, [graphs[i] for i in group],
-                             [describe(pending[i].jit_function.fun) for i in group])
+                             [describe(pending[i].jit_function.fun) for i in group],
+                             [pending[i].compiler_options for i in group])
         models.update(zip(group, loaded, strict=True))
     for i, model in sorted(models.items()):
         low = pending[i]
@@ -338,11 +409,19 @@ def load_executables(lowered: Sequence[Lowered]) -> list[Compiled]:
         fn.executables[low.key] = Executable(
             model, low.in_dtypes, low.out_tree, fn.coerces_to_jnp, fn.engine.device,
             low.out_key_impls, low.out_complex, input_nbytes(low.closed_jaxpr),
-            fresh_outputs=i in direct,
+            fresh_outputs=i in direct, donated=low.aliases, name=describe(fn.fun),
+            aliases=_taken(model, low.aliases) if i in direct else low.aliases,
         )
         low.__dict__.pop("_graph", None)  # compiled: free the MLIR (built again on demand)
     return [Compiled(low, low.jit_function.executables[low.key]) for low in lowered]
 
+
+
+def _taken(model, aliases) -> tuple:
+    """The (argument, result) pairs a pack's model writes in place (`juju.runners`)."""
+    if not aliases or not callable(getattr(model, "alias", None)):
+        return ()
+    return tuple(model.alias(aliases))
 
 
 def structs(avals) -> list:

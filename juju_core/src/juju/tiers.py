@@ -69,7 +69,10 @@ class Background:
         self.xla_failed: BaseException | None = None
         self.future: Future | None = None
         self.max_off = False  # the compile failed: XLA serves this signature for good
-        self._xla = jax.jit(_strong_outputs(lowered.traced_jaxpr))
+        # Donated arguments as jax.jit donates them (the MAX buffer a donated
+        # Buffer's to_jax view shares is the caller's to give, as in MAX).
+        self._xla = jax.jit(_strong_outputs(lowered.traced_jaxpr),
+                            donate_argnums=tuple(j for j, _ in lowered.aliases))
         outvars = lowered.traced_jaxpr.jaxpr.outvars
         # By identity: a literal output (a constant) is a Literal, not hashable.
         produced = {id(v) for eqn in lowered.traced_jaxpr.jaxpr.eqns for v in eqn.outvars}
@@ -208,6 +211,7 @@ _thread_lock = threading.Lock()
 
 
 def _submit(task) -> Future:
+    compile_pool.register_exit_handler()  # before the thread: it stops at exit
     future: Future = Future()
     _queue.put((future, task))
     with _thread_lock:

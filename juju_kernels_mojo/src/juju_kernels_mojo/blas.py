@@ -11,6 +11,7 @@ import glob
 import logging
 import os
 import shutil
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,11 +50,15 @@ def _private_copy(path: str) -> str:
     threads compete with MAX's for the cores: a multi-threaded OpenBLAS made
     the products of an MLP step up to 2x slower inside a MAX graph."""
     target = cache_dir() / "blas" / Path(path).name
-    if not target.exists():
+    if not target.exists():  # copied under a private name, renamed whole into place
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix(f".{os.getpid()}.part")
-        shutil.copyfile(path, partial)
-        os.replace(partial, target)
+        fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".part")
+        os.close(fd)
+        try:
+            shutil.copyfile(path, partial)
+            os.replace(partial, target)
+        finally:
+            Path(partial).unlink(missing_ok=True)
     return str(target)
 
 

@@ -5,9 +5,14 @@ programs into shared libraries).
 installed `mojo` package (never a `mojo` found through the working directory)
 and caches the result in the user's cache directory, keyed by the Mojo and MAX
 versions and a hash of the sources. A build writes into a private temporary
-directory and renames the result into place, under a file lock, so two
-processes building at once neither clash nor build twice; an unchanged library
-is never rebuilt.
+directory and renames the result into place, under a file lock per library
+(released by the system when its holder dies), so processes and threads
+building at once neither clash nor build twice, and a builder killed at any
+point leaves no partial library (its scratch folder is deleted by the next
+builder); an unchanged library is never rebuilt. `generated_sources` keeps
+generated kernels' sources in the same cache, content-addressed. A build that
+a daemon thread would start or finish while the process exits is abandoned
+(`juju.compile_pool.abandon_if_exiting`).
 
 Cache directory: `kernels/` in juju's cache folder (`juju.cache.root()`:
 `$JUJU_CACHE_DIR`, else the platform's user cache folder). A library found
@@ -34,6 +39,7 @@ from filelock import FileLock
 
 from juju import CompileError
 from juju import cache as juju_cache
+from juju.compile_pool import abandon_if_exiting
 from juju.logs import heartbeat
 
 log = logging.getLogger("juju")
@@ -127,6 +133,61 @@ def build_shared_library(source_dir: os.PathLike | str, name: str, main: str) ->
                                       "-o", str(out)])
 
 
+def generated_sources(name: str, files: dict[str, str]) -> Path:
+    """A folder holding `files` (file name -> text), a generated kernel's
+    sources, to build: `sources/<name>-<digest of the files>` in the cache.
+
+    Content-addressed and written whole: the files go to a private folder
+    that is renamed into place, so processes and threads share the folder,
+    never see it partial, and nothing deletes it under a build (a folder
+    that no longer holds these files is replaced)."""
+    digest = hashlib.sha256(repr(sorted(files.items())).encode()).hexdigest()[:20]
+    relative = Path("sources") / f"{name}-{digest}"
+    for base in (cache_dir(), _fallback_dir):
+        if base is not None and _holds(base / relative, files):
+            return base / relative
+    try:
+        return _write_sources(cache_dir() / relative, files)
+    except OSError as exc:  # read-only or missing: this process's folder
+        return _write_sources(_private_dir(exc) / relative, files)
+
+
+def _holds(folder: Path, files: dict[str, str]) -> bool:
+    try:
+        return all((folder / name).read_text() == text for name, text in files.items())
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _write_sources(folder: Path, files: dict[str, str]) -> Path:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".write-", dir=folder.parent))
+    try:
+        for name, text in files.items():
+            (scratch / name).write_text(text)
+        try:
+            os.rename(scratch, folder)  # atomic; fails when the folder exists
+        except OSError:
+            if not _holds(folder, files):  # damaged: swap in the whole new one
+                os.rename(folder, f"{scratch}.old")
+                os.rename(scratch, folder)
+                shutil.rmtree(f"{scratch}.old", ignore_errors=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return folder
+
+
+def built_shared_library(source_dir: os.PathLike | str, name: str) -> Path | None:
+    """The cached library `build_shared_library(source_dir, name, ...)`
+    returns, if it is built already (nothing is built here)."""
+    relative = (Path(toolchain_versions()) / f"{name}-{source_hash(source_dir)}"
+                / f"lib{name}.so")
+    for folder in (cache_dir(), _fallback_dir):
+        if folder is not None and (folder / relative).exists():
+            return folder / relative
+    return None
+
+
 def _checked_source(source_dir, name: str) -> Path:
     if not name.isidentifier():
         raise ValueError(
@@ -159,12 +220,20 @@ def _cached_build(source_dir: Path, name: str, filename: str, command) -> Path:
             lock.acquire()
         try:
             if not target.exists():
+                _remove_scratch(target.parent)
                 last_build_seconds = _build(source_dir, target, name, command)
             else:
                 last_build_seconds = None
         finally:
             lock.release()
         return target
+
+
+def _remove_scratch(folder: Path) -> None:
+    """Delete what builders killed mid-build left in `folder` (the caller
+    holds its lock, so no live builder uses them)."""
+    for path in folder.glob(".build-*"):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _run_mojo(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -189,9 +258,11 @@ def _build(source_dir: Path, target: Path, name: str, command) -> float:
     start = time.perf_counter()
     try:
         args = command(tmp)
+        abandon_if_exiting()  # a daemon thread at exit: nobody will use it
         with heartbeat(f"building Mojo kernel library '{name}'"):
             proc = _run_mojo(args, cwd=tmp_dir)
         if proc.returncode != 0 or not tmp.exists():
+            abandon_if_exiting()  # the exit may have broken the build: no report
             raise CompileError(
                 f"mojo {args[0]} of kernel library '{name}' ({source_dir}) failed "
                 f"with exit code {proc.returncode}:\n{(proc.stderr or proc.stdout).strip()}"

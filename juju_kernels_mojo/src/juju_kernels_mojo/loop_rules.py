@@ -15,13 +15,10 @@ every loop when the environment sets `JUJU_LOOP_KERNELS=0`.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import logging
 import math
 import os
-import shutil
-import tempfile
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -33,9 +30,8 @@ from juju import CompileError
 from juju import primitives as P
 from juju.dtypes import physical_aval
 from juju.lowering_helpers import load_kernel_library
-from juju_kernels_mojo.build import build_kernel_library
-from juju_kernels_mojo.codegen import LoopKernel, loop_source
-from juju_kernels_mojo.codegen import Unsupported
+from juju_kernels_mojo.build import build_kernel_library, generated_sources
+from juju_kernels_mojo.codegen import LoopKernel, Unsupported, loop_source
 
 log = logging.getLogger("juju")
 # Every dtype reaches the guard, which refuses what the generator does not
@@ -55,7 +51,6 @@ WORK_LIMITS: dict = {}
 
 _lock = threading.Lock()
 _kernels: OrderedDict = OrderedDict()  # id(eqn) -> [eqn, kernel or None, built library]
-_source_root: Path | None = None
 
 
 def _kernel_for(ctx, build: bool = True) -> tuple[LoopKernel, Path | None] | None:
@@ -129,23 +124,8 @@ def over_limits(draft: LoopKernel, max_work: int = MAX_WORK) -> str | None:
 
 def _library(kernel: LoopKernel) -> Path:
     """The built `.mojoc` of a generated kernel (cached by source hash)."""
-    folder = source_folder(kernel.name, {"__init__.mojo": "", "loop.mojo": kernel.source})
+    folder = generated_sources(kernel.name, {"__init__.mojo": "", "loop.mojo": kernel.source})
     return build_kernel_library(folder, kernel.name)
-
-
-def source_folder(name: str, files: dict[str, str]) -> Path:
-    """A folder `name`, in this process's temporary folder, holding `files`
-    (name -> text): a generated kernel's sources, to build."""
-    global _source_root
-    with _lock:
-        if _source_root is None:
-            _source_root = Path(tempfile.mkdtemp(prefix="juju-loops-"))
-            atexit.register(shutil.rmtree, _source_root, ignore_errors=True)
-        folder = _source_root / name
-        folder.mkdir(exist_ok=True)
-        for filename, text in files.items():
-            (folder / filename).write_text(text)
-    return folder
 
 
 def generated(ctx) -> bool:

@@ -18,6 +18,7 @@ and when the environment sets `JUJU_NATIVE_PROGRAMS=0`.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import threading
 from pathlib import Path
@@ -26,11 +27,14 @@ import numpy as np
 
 from juju import CompileError, JujuError
 from juju import primitives as P
-from juju._compat import Literal, is_complex_dtype, is_key_dtype
+from juju._compat import Literal, is_complex_dtype, is_key_dtype, scan_layout
 from juju.buffers import host_buffer, to_numpy
+from juju.compile_pool import abandon_if_exiting
 from juju.dtypes import max_dtype, physical_aval
 from juju_kernels_mojo import loop_rules, program_kernels
-from juju_kernels_mojo.build import build_shared_library
+from juju_kernels_mojo.build import (build_shared_library, built_shared_library,
+                                     generated_sources)
+from juju_kernels_mojo.codegen import shared_source
 
 #: The equations whose generated kernel may be a whole program.
 KERNEL_PRIMITIVES = (program_kernels.program_p, P.scan_p, P.while_p)
@@ -46,6 +50,32 @@ def enabled() -> bool:
 
 def runner(closed_jaxpr, engine):
     """A `NativeProgram` running `closed_jaxpr` on `engine`, or None."""
+    plan = _plan(closed_jaxpr, engine)
+    if plan is None:
+        return None
+    eqn, operands, results, kernel = plan
+    avals_out = [v.aval for v in eqn.outvars]
+    try:
+        library = _built.get(kernel.name) or _library(kernel.name, kernel.source)
+        function = getattr(ctypes.CDLL(str(library)), kernel.name)
+    except (CompileError, OSError, AttributeError) as exc:  # a generator bug: MAX runs it
+        abandon_if_exiting()  # not a bug: the process exits under a daemon thread's build
+        loop_rules.log.warning("juju: the native kernel of a program failed to build or load; "
+                               "it runs as a MAX graph. Please report it with this "
+                               "message:\n%s", exc)
+        return None
+    function.restype = ctypes.c_int32
+    function.argtypes = [ctypes.c_void_p]
+    consts = [np.ascontiguousarray(c) for c in kernel.consts]
+    outs = [physical_aval(a) for a in avals_out]
+    return NativeProgram(function, operands, consts, results,
+                         [(np.dtype(a.dtype), tuple(a.shape)) for a in outs],
+                         _in_place(eqn))
+
+
+def _plan(closed_jaxpr, engine):
+    """(equation, operand sources, result sources, kernel) of a program
+    that a native kernel can run on `engine`, or None."""
     jaxpr = closed_jaxpr.jaxpr
     if (engine.kind != "cpu" or not enabled() or len(jaxpr.eqns) != 1
             or jaxpr.eqns[0].primitive not in KERNEL_PRIMITIVES):
@@ -57,25 +87,63 @@ def runner(closed_jaxpr, engine):
     results = _result_sources(jaxpr, eqn)
     if operands is None or results is None:
         return None
-    avals_out = [v.aval for v in eqn.outvars]
     kernel = loop_rules.write_kernel(eqn.primitive, eqn.params, [v.aval for v in eqn.invars],
-                                     avals_out, "juju_native", native=True)
-    if kernel is None:
-        return None
+                                     [v.aval for v in eqn.outvars], "juju_native", native=True)
+    return None if kernel is None else (eqn, operands, results, kernel)
+
+
+_built: dict[str, Path] = {}  # kernel name -> the library `prepare` built it into
+
+
+def prepare(closed_jaxprs, engine) -> None:
+    """Build the kernels of the programs a native kernel can run, and that
+    are not built yet, as one shared library (one `mojo build`: ~3 s, plus
+    the code's own compile time, instead of ~3 s each); `runner` then finds
+    them there. Where that build fails, each is built alone by `runner`
+    (and one that fails runs as a MAX graph)."""
+    kernels = {}
+    for closed_jaxpr in closed_jaxprs:
+        plan = _plan(closed_jaxpr, engine)
+        if plan is not None:
+            kernels.setdefault(plan[3].name, plan[3])
+    missing = [k for k in kernels.values() if k.name not in _built and built_shared_library(
+        generated_sources(k.name, {"program.mojo": k.source}), k.name) is None]
+    if len(missing) < 2:
+        return
+    source = shared_source(missing)
+    name = f"juju_natives_{hashlib.sha256(source.encode()).hexdigest()[:16]}"
     try:
-        library = _library(kernel.name, kernel.source)
-        function = getattr(ctypes.CDLL(str(library)), kernel.name)
-    except (CompileError, OSError, AttributeError) as exc:  # a generator bug: MAX runs it
-        loop_rules.log.warning("juju: the native kernel of a program failed to build or load; "
-                               "it runs as a MAX graph. Please report it with this "
-                               "message:\n%s", exc)
-        return None
-    function.restype = ctypes.c_int32
-    function.argtypes = [ctypes.c_void_p]
-    consts = [np.ascontiguousarray(c) for c in kernel.consts]
-    outs = [physical_aval(a) for a in avals_out]
-    return NativeProgram(function, operands, consts, results,
-                         [(np.dtype(a.dtype), tuple(a.shape)) for a in outs])
+        library = _library(name, source)
+    except CompileError as exc:
+        loop_rules.log.info("juju: %d native kernels did not build together (%s); each "
+                            "builds alone", len(missing), str(exc).splitlines()[0])
+        return
+    for kernel in missing:
+        _built[kernel.name] = library
+
+
+runner.prepare = prepare
+
+
+def _in_place(eqn):
+    """Whether the kernel of `eqn` may write result r into operand s's
+    memory (a donated argument's): the generated code reads every operand
+    before it writes a result, except where noted. A program (`codegen`'s
+    `control_flow.call`) computes into scratch and copies its results last, so
+    any operand its body does not return as it is; a scan or while_loop
+    copies its initial carry into the carry results first and then reads
+    only those, so carry r into its own operand."""
+    if eqn.primitive is program_kernels.program_p:
+        body = eqn.params["call_jaxpr"].jaxpr
+        returned = {id(v) for v in body.outvars}
+        return lambda s, r: id(body.invars[s]) not in returned
+    if eqn.primitive is P.scan_p:
+        num_consts, num_carry = scan_layout(**{k: v for k, v in eqn.params.items()
+                                               if k in ("num_consts", "num_carry", "ft_in",
+                                                        "ft_out")})
+        return lambda s, r: r < num_carry and s == num_consts + r
+    first = eqn.params["cond_nconsts"] + eqn.params["body_nconsts"]  # while
+    return lambda s, r: s == first + r
 
 
 def _operand_sources(closed_jaxpr, eqn) -> list | None:
@@ -117,7 +185,7 @@ def _result_sources(jaxpr, eqn) -> list | None:
 
 def _library(name: str, source: str) -> Path:
     """The built shared library of a native program's source."""
-    folder = loop_rules.source_folder(name, {"program.mojo": source})
+    folder = generated_sources(name, {"program.mojo": source})
     return build_shared_library(folder, name, "program.mojo")
 
 
@@ -138,11 +206,14 @@ def _allocator(dtype: np.dtype, shape: tuple):
 class NativeProgram:
     """A program's generated kernel in a shared library, standing in for
     its MAX model (`juju.runners`): `execute(*buffers)` allocates the
-    results and calls the kernel with every address."""
+    results and calls the kernel with every address; `alias` has it write
+    results into donated arguments' buffers instead."""
 
-    def __init__(self, function, operands, consts, results, out_types):
+    def __init__(self, function, operands, consts, results, out_types, in_place=None):
         self._function = function
         self._results = results
+        self._in_place = in_place or (lambda s, r: False)
+        self._aliased: dict[int, int] = {}  # kernel result -> program argument
         self._allocators = [_allocator(dtype, shape) for dtype, shape in out_types]
         # The kernel's arguments: the operands (a program argument's, filled
         # at each call, or a constant's), its consts, then its results.
@@ -156,6 +227,23 @@ class NativeProgram:
         self._pointer_array = ctypes.c_void_p * len(self._template)
         self._per_thread = threading.local()  # each thread's argument array
 
+    def alias(self, pairs) -> list:
+        """Of the (argument, result) pairs of donated arguments, those this
+        kernel writes in place (`_in_place`): from now on `execute` writes
+        each such result into the argument's buffer and leaves it out of
+        its results."""
+        taken = []
+        for j, k in pairs:
+            kind, r = self._results[k]
+            slots = [slot for slot, argument in self._argument_slots if argument == j]
+            once = self._results.count((kind, r)) == 1  # a result returned twice stays new
+            if kind == "out" and once and len(slots) == 1 and self._in_place(slots[0], r):
+                self._aliased[r] = j
+                taken.append((j, k))
+        self._allocators = [None if r in self._aliased else allocate
+                            for r, allocate in enumerate(self._allocators)]
+        return taken
+
     def execute(self, *buffers):
         return self._execute_device_tensors(list(buffers))
 
@@ -165,7 +253,8 @@ class NativeProgram:
             arguments = self._per_thread.arguments = self._pointer_array(*self._template)
         for slot, argument in self._argument_slots:
             arguments[slot] = buffers[argument]._data_ptr()
-        outs = [allocate() for allocate in self._allocators]
+        outs = [buffers[self._aliased[r]] if allocate is None else allocate()
+                for r, allocate in enumerate(self._allocators)]
         for slot, out in enumerate(outs, self._first_result):
             arguments[slot] = out._data_ptr()
         status = self._function(arguments)
@@ -173,5 +262,6 @@ class NativeProgram:
             raise NativeProgramError(
                 f"juju: a native program's kernel failed (status {status}); set "
                 "JUJU_NATIVE_PROGRAMS=0 to run it as a MAX graph, and please report it")
+        # An argument returned: a copy (juju.runners); an aliased result: left out.
         return [outs[i] if kind == "out" else host_buffer(np.array(to_numpy(buffers[i])))
-                for kind, i in self._results]  # an argument returned: a copy (juju.runners)
+                for kind, i in self._results if kind != "out" or i not in self._aliased]

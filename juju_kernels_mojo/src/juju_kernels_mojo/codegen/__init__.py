@@ -33,11 +33,11 @@ from juju_kernels_mojo.codegen import (control_flow, conv, dot, elementwise, ind
                                        reductions, sort, structural, windows)
 from juju_kernels_mojo.codegen.emitter import EQUATIONS, PARTS_CARRIERS, Emitter
 from juju_kernels_mojo.codegen.mojo import Unsupported
-from juju_kernels_mojo.codegen.source import LoopKernel, loop_source
+from juju_kernels_mojo.codegen.source import LoopKernel, loop_source, shared_source
 
 for _family in (elementwise, structural, indexing, reductions, dot, control_flow, prng, windows,
                 conv, sort):
     EQUATIONS.update(_family.EQUATIONS)
 PARTS_CARRIERS.update(control_flow.PARTS_CARRIERS)
 
-__all__ = ["EQUATIONS", "Emitter", "LoopKernel", "Unsupported", "loop_source"]
+__all__ = ["EQUATIONS", "Emitter", "LoopKernel", "Unsupported", "loop_source", "shared_source"]

@@ -22,6 +22,15 @@ class LoopKernel:
     source: str
     consts: tuple
     work: int
+    preludes: tuple[str, ...] = ()  # what `source` starts with: imports and helpers
+
+
+def shared_source(kernels) -> str:
+    """One Mojo source for several kernels: each prelude once, then each
+    kernel's own code (its entry point and body)."""
+    preludes = list(dict.fromkeys(p for k in kernels for p in k.preludes))
+    return "\n".join([*preludes, *(k.source.removeprefix("\n".join(k.preludes))
+                                   for k in kernels)])
 
 
 def loop_source(prim, params, in_avals, out_avals, name: str,
@@ -62,12 +71,10 @@ def loop_source(prim, params, in_avals, out_avals, name: str,
         entry = _native_entry(name, inputs, out_data, len(in_avals))
     else:
         entry = _custom_op_entry(name, inputs, out_data, len(in_avals))
+    preludes = (PRELUDE, *([THREADS_PRELUDE] if e.threads else []),
+                *([fusion.FUSION_PRELUDE] if e.fusion else []), prng.PRELUDE, sort.PRELUDE)
     source = "\n".join([
-        PRELUDE,
-        *([THREADS_PRELUDE] if e.threads else []),
-        *([fusion.FUSION_PRELUDE] if e.fusion else []),
-        prng.PRELUDE,
-        sort.PRELUDE,
+        *preludes,
         "",
         *entry,
         # XLA's and MAX's CPU kernels read and write denormals as zeros.
@@ -77,7 +84,7 @@ def loop_source(prim, params, in_avals, out_avals, name: str,
         *([] if not native else ["    except:", "        return 1", "    return 0"]),
         "",
     ])
-    return LoopKernel(name, source, tuple(e.consts), e.work)
+    return LoopKernel(name, source, tuple(e.consts), e.work, preludes)
 
 
 def _custom_op_entry(name: str, inputs, outputs, operands: int) -> list[str]:
