@@ -79,11 +79,34 @@ def compile_to_mef(session, text: str, extensions, mef_path: str) -> None:
     compiled.export_mef(mef_path)
 
 
+VIRTUAL_GPU_ENV = "JUJU_VIRTUAL_GPU"
+
+
+def virtual_gpu(count: int = 1) -> str | None:
+    """Put MAX in virtual-device mode when `JUJU_VIRTUAL_GPU` names a GPU
+    (`sm_90a`, `cuda:sm_90a`, `hip:gfx942`): on a machine without one,
+    `driver.Accelerator(i)` is then that GPU for compiling only (a loaded
+    model cannot run). Returns the architecture, or None when unset. The
+    caller and its compile workers (which inherit the variable) agree."""
+    value = os.environ.get(VIRTUAL_GPU_ENV, "").strip()
+    if not value:
+        return None
+    api, _, arch = value.rpartition(":")
+    from max import driver
+
+    driver.set_virtual_device_api(api or "cuda")
+    driver.set_virtual_device_target_arch(arch)
+    driver.set_virtual_device_count(max(count, driver.get_virtual_device_count()))
+    return arch
+
+
 def _session(kind: str, index: int):
     session = _sessions.get((kind, index))
     if session is None:
         from max import driver, engine
 
+        if kind != "cpu":
+            virtual_gpu(index + 1)
         device = driver.CPU() if kind == "cpu" else driver.Accelerator(index)
         session = _sessions[(kind, index)] = engine.InferenceSession(devices=[device])
     return session
