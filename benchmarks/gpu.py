@@ -17,8 +17,10 @@ The compile phase (`--compile-only`) lowers every row (and, with
 `--with-tests`, every case of tests/test_gpu.py) and compiles them at once,
 one graph per worker process (`JUJU_COMPILE_WORKERS`), into juju's
 persistent cache, largest first; it also fills jax's persistent compilation
-cache. The timing run then only loads. `--forms` adds each matmul row in the
-other product forms (`JUJU_GPU_MATMUL`, docs/gpu.md), outside the geomean.
+cache. The timing run then only loads. `--forms` adds bf16 products in the
+`JUJU_GPU_MATMUL=tensor_cores` mode (docs/gpu.md), outside the geomean. With
+`JUJU_GPU_VENDOR_BLAS=1` every product is MAX's vendor-BLAS one; the results
+say so (`vendor_blas`).
 `python3 dev.py gpu` runs both phases on the GPU machine.
 """
 
@@ -46,6 +48,7 @@ import numpy as np
 
 import juju
 from juju import compile_pool
+from juju.compile_worker import gpu_vendor_blas
 
 from benchmarks.workloads import chain, matmul, mlp_step, rnn, softmax
 from examples import models
@@ -76,6 +79,10 @@ class Row:
 
 
 # --- the rows --------------------------------------------------------------------
+
+
+def matmul_wt(a, b):
+    return a @ b.T
 
 
 def _block_forward(params, x, heads):
@@ -109,13 +116,13 @@ def rows(small: bool = False, forms: bool = False) -> list[Row]:
     for dtype, label, tol in ((F32, "f32", 1e-2), (BF16, "bf16", 2e-2)):
         for m in (n, 16):
             shape = f"{m}x{n} @ {n}x{n}" + (" (decode)" if m == 16 else "")
-            row = Row(f"matmul {label} {shape}", matmul, (r(m, n, dtype=dtype),
-                      r(n, n, dtype=dtype)), flops=2.0 * m * n * n, tolerance=tol)
-            out.append(row)
-            if forms:
-                others = ("plain", "transposed_b_fp32") if dtype is BF16 else ("plain",)
-                out += [Row(f"{row.name} [{form}]", matmul, row.args, row.flops,
-                            tolerance=tol, form=form) for form in others]
+            a, b = r(m, n, dtype=dtype), r(n, n, dtype=dtype)
+            out.append(Row(f"matmul {label} {shape}", matmul, (a, b), flops=2.0 * m * n * n,
+                           tolerance=tol))
+            if forms and dtype is BF16:  # bf16 on MAX's tensor cores: w given as (N, K)
+                out.append(Row(f"matmul bf16 {m}x{n} @ ({n}x{n}).T [tensor_cores]", matmul_wt,
+                               (a, b), flops=2.0 * m * n * n, tolerance=tol,
+                               form="tensor_cores"))
 
     batch, widths = (32, (64, 128, 128, 64)) if small else (512, (1024, 4096, 4096, 1024))
     params = [(r(a, b, scale=a ** -0.5), np.zeros(b, F32)) for a, b in zip(widths, widths[1:])]
@@ -215,7 +222,7 @@ class Device:
 
 @contextlib.contextmanager
 def matmul_form(form: str | None):
-    """Lower under `JUJU_GPU_MATMUL=form` (None: as set)."""
+    """Lower under `JUJU_GPU_MATMUL=form` (None: as set; juju_ops_lax/dot.py)."""
     if form is None:
         yield
         return
@@ -395,11 +402,14 @@ def _versions() -> dict:
 # --- main ---------------------------------------------------------------------------
 
 
-def test_gpu_lowered():
-    """tests/test_gpu.py's cases, lowered as its fixture lowers them."""
+def test_gpu_lowered(keyword: str = ""):
+    """tests/test_gpu.py's cases, lowered as its fixture lowers them; with a
+    pytest -k expression of plain words joined by `or`, those it selects."""
     from tests import test_gpu
 
-    return test_gpu.lowered_cases()
+    words = [w.strip() for w in keyword.split(" or ") if w.strip()]
+    return [(name, low) for name, low in test_gpu.lowered_cases()
+            if not words or any(w in name for w in words)]
 
 
 def main(argv=None) -> int:
@@ -412,6 +422,8 @@ def main(argv=None) -> int:
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--with-tests", action="store_true",
                         help="with --compile-only: tests/test_gpu.py's graphs too")
+    parser.add_argument("--tests-k", default="",
+                        help="with --with-tests: the cases a pytest -k expression selects")
     parser.add_argument("--json", type=Path, default=HERE / "gpu-results.json")
     args = parser.parse_args(argv)
     enable_jax_cache()
@@ -426,7 +438,7 @@ def main(argv=None) -> int:
     if args.compile_only:
         named = [(row.name, low) for row, _, low in lowered]
         if args.with_tests:
-            named += [(f"test_gpu {name}", low) for name, low in test_gpu_lowered()]
+            named += [(f"test_gpu {name}", low) for name, low in test_gpu_lowered(args.tests_k)]
         print(f"lowered {len(named)} graphs in {time.perf_counter() - start:.1f} s; compiling "
               f"with {compile_pool.workers()} workers", flush=True)
         start = time.perf_counter()
@@ -468,7 +480,7 @@ def report(chosen: list[Row], device: Device, path: Path) -> int:
     data = {
         "chip": device.name, "device": device.kind, "bandwidth_gbs": bandwidth,
         "date": datetime.date.today().isoformat(), "versions": _versions(),
-        "geomean": mean, "rows": [{"name": row.name, "form": row.form, **row.results}
+        "vendor_blas": gpu_vendor_blas(), "geomean": mean, "rows": [{"name": row.name, "form": row.form, **row.results}
                                   for row in chosen],
     }
     path.write_text(json.dumps(data, indent=2))

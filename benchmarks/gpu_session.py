@@ -20,11 +20,14 @@ then runs the phases, each bounded by what is left of `--budget` seconds:
    it); jax's compilation cache fills meanwhile;
 2. tests: `pytest tests/test_gpu.py` (loads from the cache);
 3. bench: `benchmarks/gpu.py --forms` (loads from the cache, times);
-4. docs: the table between the `gpu-bench` markers of docs/gpu.md.
+4. docs: the table between the `gpu-bench` markers of docs/gpu.md;
+5. vendor_blas, if budget is left: the products' tests and bench rows again
+   with `JUJU_GPU_VENDOR_BLAS=1` (cuBLAS for every product: its own
+   compiles), then the table again with those rows.
 
 Everything worth keeping goes to `--out` ($OUT comes back from the device):
 gpu-log.txt, gpu-session.json, gpu-results.json, gpu-results.compile.json,
-test_gpu.xml and gpu.md (docs/gpu.md with the new table; the working tree
+test_gpu.xml, test_gpu_vendor.xml, gpu-results-vendor.json and gpu.md (docs/gpu.md with the new table; the working tree
 itself does not come back). Here, `python3 dev.py gpu --report DIR` writes
 the table of a fetched run into docs/gpu.md. A run cut short by the budget
 says which phases are left: call again on the warm machine with
@@ -42,6 +45,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,7 +54,9 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("install", "compile", "tests", "bench", "docs")
+PHASES = ("install", "compile", "tests", "bench", "docs", "vendor_blas")
+# What the vendor-BLAS phase runs: the products' tests and rows.
+VENDOR_TESTS, VENDOR_ROWS = "bf16 or matmul or mlp_grad", "matmul,MLP,transformer"
 SITE = Path("/tmp/site")  # where .gpu/b/install.sh installs MAX and juju's wheels
 STATE = Path("/tmp/juju-gpu")  # caches that outlive one device call on a warm machine
 START, END = "<!-- gpu-bench:start -->", "<!-- gpu-bench:end -->"
@@ -65,6 +71,12 @@ class Session:
         self.args = args
         self.out = Path(args.out or ROOT / ".gpu" / "out")
         self.out.mkdir(parents=True, exist_ok=True)
+        # $OUT starts empty in each device call: an earlier call's results on
+        # this (warm) machine come back from STATE, so a resumed run reports all.
+        self.kept = STATE / ("out-dry" if args.dry_run else "out")
+        for old in self.kept.glob("*") if self.kept.is_dir() else ():
+            if not (self.out / old.name).exists():
+                shutil.copy2(old, self.out / old.name)
         self.deadline = time.monotonic() + args.budget
         self.log = open(self.out / "gpu-log.txt", "a", buffering=1)
         self.record = {"started": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -102,6 +114,10 @@ class Session:
 
     def save(self) -> None:
         (self.out / "gpu-session.json").write_text(json.dumps(self.record, indent=2))
+        self.kept.mkdir(parents=True, exist_ok=True)
+        for path in self.out.glob("*"):
+            if path.is_file() and path.name != "gpu-log.txt":
+                shutil.copy2(path, self.kept / path.name)
 
 
 class _Killer:
@@ -138,6 +154,9 @@ def install(s: Session) -> int:
         s.env.pop("JUJU_COMPILE_WORKERS")  # this machine's own default
         return 0
     s.env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # jax and MAX share the GPU
+    if cublas := find_cublas():
+        s.env.setdefault("CUDA_CUBLAS_LIBRARY", cublas)
+        s.say(f"vendor BLAS would load {s.env['CUDA_CUBLAS_LIBRARY']}")
     sources = [str(ROOT / folder) for folder in SOURCES]
     s.env["PYTHONPATH"] = os.pathsep.join(sources + [str(SITE), s.env.get("PYTHONPATH", "")])
     if "install" in s.args.skip:
@@ -154,9 +173,30 @@ def install(s: Session) -> int:
     return s.run("install", ["bash", "-c", "source .gpu/b/install.sh"], limit=min(180, s.left()))
 
 
+def find_cublas() -> str | None:
+    """A cuBLAS for MAX's vendor-BLAS matmuls when it is not where MAX 26.7
+    looks first (/usr/local/cuda*/lib64/libcublas.so.{13,12}, read off its
+    compiled code): the CUDA wheels beside jax or torch. MAX reads the path
+    from CUDA_CUBLAS_LIBRARY."""
+    import glob
+    import site
+
+    for version in ("13", "12"):
+        if glob.glob(f"/usr/local/cuda*/lib64/libcublas.so.{version}"):
+            return None  # MAX finds it
+    roots = site.getsitepackages() + [p for p in sys.path if p.endswith("site-packages")]
+    for version in ("13", "12"):
+        for root in roots:
+            found = sorted(glob.glob(f"{root}/nvidia/**/libcublas.so.{version}", recursive=True))
+            if found:
+                return found[0]
+    return None
+
+
 def compile_phase(s: Session) -> int:
     limit = s.left() - sum(RESERVE[p] for p in ("tests", "bench", "docs") if p not in s.args.skip)
-    return s.run("compile", [s.python, "-m", "benchmarks.gpu", "--compile-only", "--with-tests",
+    with_tests = [] if "tests" in s.args.skip else ["--with-tests", "--tests-k", s.args.k]
+    return s.run("compile", [s.python, "-m", "benchmarks.gpu", "--compile-only", *with_tests,
                              *bench_options(s), "--json", str(s.out / "gpu-results.json")],
                  limit=max(limit, 30))
 
@@ -164,7 +204,7 @@ def compile_phase(s: Session) -> int:
 def tests(s: Session) -> int:
     limit = s.left() - sum(RESERVE[p] for p in ("bench", "docs") if p not in s.args.skip)
     return s.run("tests", [s.python, "-m", "pytest", "tests/test_gpu.py", "-q", "-p",
-                           "no:cacheprovider", "-p", "no:xdist",
+                           "no:cacheprovider", "-p", "no:xdist", "-k", s.args.k,
                            f"--junitxml={s.out / 'test_gpu.xml'}"], limit=max(limit, 30))
 
 
@@ -176,7 +216,30 @@ def bench(s: Session) -> int:
 
 def bench_options(s: Session) -> list[str]:
     device = ["--device", "cpu", "--small"] if s.args.dry_run else ["--device", "gpu"]
-    return device + ([] if s.args.no_forms else ["--forms"])
+    return device + ([] if s.args.no_forms else ["--forms"]) + ["--only", s.args.only]
+
+
+def vendor_blas(s: Session) -> int:
+    """The products under MAX's vendor BLAS: compiled (in parallel), tested, timed."""
+    saved = dict(s.env)
+    s.env["JUJU_GPU_VENDOR_BLAS"] = "1"
+    device = bench_options(s)[:3 if s.args.dry_run else 2]
+    try:
+        code = s.run("vendor_blas compile", [
+            s.python, "-m", "benchmarks.gpu", "--compile-only", "--with-tests", "--tests-k",
+            VENDOR_TESTS, *device, "--forms", "--only", VENDOR_ROWS,
+            "--json", str(s.out / "gpu-results-vendor.json")], limit=s.left() - 60)
+        if code == -1:
+            return code
+        s.run("vendor_blas tests", [s.python, "-m", "pytest", "tests/test_gpu.py", "-q", "-p",
+                                    "no:cacheprovider", "-p", "no:xdist", "-k", VENDOR_TESTS,
+                                    f"--junitxml={s.out / 'test_gpu_vendor.xml'}"],
+              limit=max(s.left() - 45, 20))
+        return s.run("vendor_blas bench", [
+            s.python, "-m", "benchmarks.gpu", *device, "--forms", "--only", VENDOR_ROWS,
+            "--json", str(s.out / "gpu-results-vendor.json")], limit=max(s.left() - 5, 20))
+    finally:
+        s.env = saved
 
 
 def docs(s: Session) -> int:
@@ -249,9 +312,16 @@ def table(out: Path, record: dict | None = None) -> str:
     if phases:
         lines += ["Phases: " + ", ".join(f"{name} {p['seconds']:.0f} s ({p['status']})"
                                          for name, p in phases.items()) + ".", ""]
+    vendor = _read_json(out / "gpu-results-vendor.json") or {}
+    vendor_rows = [dict(row, name=f"{row['name']} [vendor_blas]", form="vendor_blas")
+                   for row in vendor.get("rows", [])]
+    vendor_tests = test_summary(out / "test_gpu_vendor.xml")
+    if vendor_tests:
+        lines += [f"With `JUJU_GPU_VENDOR_BLAS=1`, `tests/test_gpu.py -k \"{VENDOR_TESTS}\"`: "
+                  f"{vendor_tests}.", ""]
     lines += ["| workload | jax.jit | juju | juju / jax | juju / jax rate | matches |",
               "|---|---:|---:|---:|---|---|"]
-    for row in results["rows"]:
+    for row in results["rows"] + vendor_rows:
         if "skipped" in row:
             lines.append(f"| {row['name']} | | | | skipped: {row['skipped'][:80]} | |")
             continue
@@ -293,12 +363,21 @@ def main(argv=None) -> int:
     parser.add_argument("--skip", default="", help=f"phases to skip: {','.join(PHASES)}")
     parser.add_argument("--no-forms", action="store_true",
                         help="bench the default product form only (fewer graphs)")
-    parser.add_argument("--dry-run", action="store_true", help="on the CPU, here")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="on the CPU, here: a few rows and tests unless --only/-k say more")
+    parser.add_argument("--only", help="bench rows whose name holds one of these (a,b)")
+    parser.add_argument("-k", help="pytest -k expression for tests/test_gpu.py")
     parser.add_argument("--python", help="the interpreter for the phases (default: this one)")
     parser.add_argument("--report", type=Path,
                         help="write the table of a fetched run's files (a folder) into "
                              "docs/gpu.md, and do nothing else")
     args = parser.parse_args(argv)
+    if args.only is None:
+        args.only = "matmul f32,matmul bf16 256x256,softmax" if args.dry_run else ""
+    if args.k is None:
+        args.k = "bf16_x_w or matmul_f32 or softmax" if args.dry_run else ""
+    if args.dry_run:
+        args.no_forms = True
     if args.report:
         page_path = ROOT / "docs" / "gpu.md"
         page_path.write_text(write_docs(args.report, page_path))
@@ -314,8 +393,9 @@ def main(argv=None) -> int:
     if code:
         return code
     worst = 0
-    for phase, step in (("compile", compile_phase), ("tests", tests), ("bench", bench),
-                        ("docs", docs)):
+    steps = [("compile", compile_phase), ("tests", tests), ("bench", bench), ("docs", docs),
+             ("vendor_blas", vendor_blas)]
+    for phase, step in steps:
         if phase in args.skip:
             continue
         if phase == "docs" and not (s.out / "gpu-results.json").exists():
@@ -334,6 +414,8 @@ def main(argv=None) -> int:
                   "--out \"$OUT\"")
             return 1
         worst = worst or (1 if code else 0)
+    if "docs" not in args.skip and any(p.startswith("vendor_blas") for p in s.record["phases"]):
+        docs(s)  # the table again, with the vendor-BLAS rows
     s.record["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
     s.save()
     s.say("done" + ("" if worst == 0 else " (with failures: see above)"))
@@ -341,7 +423,7 @@ def main(argv=None) -> int:
 
 
 def _done(s: Session) -> set:
-    return {name for name, p in s.record["phases"].items() if p["status"] == "ok"}
+    return {name for name, p in s.record["phases"].items() if p["status"] == "ok"} & set(PHASES)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import pytest
 from jax import lax
 
 import juju
-from tests.util import assert_same, tolerance
+from tests.util import assert_same, selected, tolerance
 
 BF16 = jnp.bfloat16
 
@@ -105,47 +105,61 @@ CASES = {
     "mlp_grad": (jax.grad(mlp_loss), ((f32(128, 64), f32(64, 10)), A)),
     "complex": (lambda a, b: (a[:, :32] + 1j * b[:64]) ** 2, (A, B)),
     "cholesky_solve": (lambda a: jnp.linalg.solve(a @ a.T + 64 * jnp.eye(64), a[:, 0]), (A,)),
-    # float32 products of 256+ rows take the transposed-B form with a copy of b
-    "matmul_f32_transposed_b": (lambda a, b: a @ b, (f32(512, 256), f32(256, 128))),
+    # float32 in the transposed-B form (b given as (N, K): no copy)
+    "matmul_f32_transposed_b": (lambda a, b: a @ b.T, (f32(512, 256), f32(128, 256))),
     "mlp_grad_bf16": (jax.grad(lambda p, x: jnp.mean(
         (jax.nn.relu(x @ p[0]) @ p[1]).astype(jnp.float32) ** 2)),
         ((bf16(128, 64), bf16(64, 16)), bf16(256, 128))),
 }
 
-# The forms of bfloat16 products (juju_ops_lax/dot.py), each compared with
-# XLA to bfloat16 rounding: (a, b) -> the product.
-BF16_PRODUCTS = {
-    # x @ w: b copied to (N, K) once, then MAX's sm90 kernel
-    "bf16_x_w": (lambda a, b: a @ b, (bf16(256, 512), bf16(512, 128))),
-    # x @ w.T: w is already (N, K): no copy
-    "bf16_x_wT": (lambda a, b: a @ b.T, (bf16(256, 512), bf16(128, 512))),
-    # a decode-sized product (M = 16 > 8, where the plain kernel was wrong)
-    "bf16_decode": (lambda a, b: a @ b, (bf16(16, 512), bf16(512, 512))),
-    # batched, contracting both last dims (attention's q @ k.T)
-    "bf16_batched_qk": (lambda q, k: jnp.einsum("bqd,bkd->bqk", q, k),
-                        (bf16(4, 128, 64), bf16(4, 128, 64))),
-    # batched with b copied (attention's p @ v)
-    "bf16_batched_pv": (lambda p, v: jnp.einsum("bqk,bkd->bqd", p, v),
-                        (bf16(4, 128, 128), bf16(4, 128, 64))),
-    # N = 30 (not a multiple of 8): float32 products, rounded once
-    "bf16_odd_n": (lambda a, b: a @ b, (bf16(64, 128), bf16(128, 30))),
-    # bf16 operands, float32 result: float32 products
-    "bf16_f32_out_wide": (lambda a, b: lax.dot(a, b, preferred_element_type=jnp.float32),
-                          (bf16(256, 512), bf16(512, 128))),
-}
-
-# `JUJU_GPU_MATMUL` forms checked beside the default (so a GPU run can tell
-# which form to fall back to): (case, form).
-FORM_VARIANTS = [("bf16_x_w", "transposed_b_fp32"), ("bf16_x_w", "plain"),
-                 ("bf16_decode", "transposed_b_fp32"), ("matmul_f32_transposed_b", "plain")]
-
-
 # Cases whose fp32 matmuls run at jax's DEFAULT precision: TF32 on the GPU
 # (as XLA does there), compared with XLA CPU's fp32 at TF32's tolerance.
 BF16_GRADIENTS = {"mlp_grad_bf16"}
 TF32_CASES = {"matmul", "scan_rnn", "mlp_grad", "cholesky_solve", "matmul_f32_transposed_b",
-              "bf16_f32_out_wide"}
+              "bf16_f32_out"}
 
+
+# The forms of bfloat16 products (juju_ops_lax/dot.py), each compared with
+# XLA to bfloat16 rounding: name -> (fn, args, the (M, K) and (K, N)
+# matrices of the product as numpy, for the bound).
+def _plain(a, b):
+    return a, b
+
+
+def _b_transposed(a, b):
+    return a, np.swapaxes(b, -1, -2)
+
+
+BF16_PRODUCTS = {
+    # x @ w: b is (K, N); the plain form (float32 products by default)
+    "bf16_x_w": (lambda a, b: a @ b, (bf16(256, 512), bf16(512, 128)), _plain),
+    # x @ w.T: w is (N, K) in memory: the transposed-B form, no copy
+    "bf16_x_wT": (lambda a, b: a @ b.T, (bf16(256, 512), bf16(128, 512)), _b_transposed),
+    # the same with w computed in the graph (MAX may fuse the transpose into
+    # w's kernel and lose the form: what tensor_cores must survive)
+    "bf16_x_2wT": (lambda a, b: a @ (b * 2).T, (bf16(256, 512), bf16(128, 512)),
+                   lambda a, b: (a, (b.astype(np.float32) * 2).T)),
+    # decode-sized products (M = 16 > 8, where MAX's plain bf16 kernel was wrong)
+    "bf16_decode": (lambda a, b: a @ b, (bf16(16, 512), bf16(512, 512)), _plain),
+    "bf16_decode_wT": (lambda a, b: a @ b.T, (bf16(16, 512), bf16(512, 512)), _b_transposed),
+    # batched, contracting both last dims (attention's q @ k.T)
+    "bf16_batched_qk": (lambda q, k: jnp.einsum("bqd,bkd->bqk", q, k),
+                        (bf16(4, 128, 64), bf16(4, 128, 64)), _b_transposed),
+    # batched, b in (K, N) order (attention's p @ v)
+    "bf16_batched_pv": (lambda p, v: jnp.einsum("bqk,bkd->bqd", p, v),
+                        (bf16(4, 128, 128), bf16(4, 128, 64)), _plain),
+    # N = 30 (not a multiple of 8): float32 products in every mode
+    "bf16_odd_n": (lambda a, b: a @ b.T, (bf16(64, 128), bf16(30, 128)), _b_transposed),
+    # bf16 operands, float32 result: float32 products
+    "bf16_f32_out": (lambda a, b: lax.dot(a, b, preferred_element_type=jnp.float32),
+                     (bf16(256, 512), bf16(512, 128)), None),
+}
+
+# `JUJU_GPU_MATMUL=tensor_cores` (bf16 products in bf16 where b is (N, K)),
+# checked beside the default so the GPU run says whether it may become one.
+TENSOR_CORE_CASES = ["bf16_x_wT", "bf16_x_2wT", "bf16_decode_wT", "bf16_batched_qk",
+                     "bf16_odd_n", "bf16_x_w"]
+FORM_VARIANTS = [(case, "tensor_cores") for case in TENSOR_CORE_CASES]
 
 def _tolerance(name, dtype):
     name = name.split("[")[0]
@@ -157,8 +171,9 @@ def _tolerance(name, dtype):
     return tol
 
 
-ALL_CASES = {**CASES, **BF16_PRODUCTS,
-             **{f"{case}[{form}]": (BF16_PRODUCTS | CASES)[case] for case, form in FORM_VARIANTS}}
+_PRODUCTS = {name: (fn, args) for name, (fn, args, _) in BF16_PRODUCTS.items()}
+ALL_CASES = {**CASES, **_PRODUCTS,
+             **{f"{case}[{form}]": (_PRODUCTS | CASES)[case] for case, form in FORM_VARIANTS}}
 _FORMS = {f"{case}[{form}]": form for case, form in FORM_VARIANTS}
 
 
@@ -178,12 +193,15 @@ def _matmul_form(form):
 _functions: dict = {}
 
 
-def lowered_cases() -> list:
-    """(name, Lowered) of every case that lowers, each under its product form;
-    the juju functions are kept for the tests (benchmarks/gpu.py compiles
-    these in parallel before pytest runs, so the fixture only loads)."""
+def lowered_cases(names=None) -> list:
+    """(name, Lowered) of every case (of `names`) that lowers, each under its
+    product form; the juju functions are kept for the tests
+    (benchmarks/gpu.py compiles these in parallel before pytest runs, so the
+    fixture only loads)."""
     lowered = []
     for name, (fun, args) in ALL_CASES.items():
+        if names is not None and name not in names:
+            continue
         jf = _functions.setdefault(name, juju.jit(fun, engine=ENGINE))
         try:
             with _matmul_form(_FORMS.get(name)):
@@ -194,11 +212,11 @@ def lowered_cases() -> list:
 
 
 @pytest.fixture(scope="module")
-def gpu_functions():
+def gpu_functions(request):
     """The cases' juju functions, compiled together when that works: a GPU
     compile takes 20-140 s per graph. If the joint compile fails, each case
     compiles on its own at its first call, so a failure names its case."""
-    lowered = lowered_cases()
+    lowered = lowered_cases(selected(request, "name"))
     try:
         juju.compile_all([low for _, low in lowered])
     except juju.JujuError:
@@ -208,6 +226,7 @@ def gpu_functions():
 
 def _call(name, gpu_functions):
     fun, args = ALL_CASES[name]
+    gpu_functions.setdefault(name, juju.jit(fun, engine=ENGINE))
     with _matmul_form(_FORMS.get(name)):  # a case that did not lower lowers here
         return gpu_functions[name](*args), jax.jit(fun)(*args), args
 
@@ -230,12 +249,10 @@ def assert_bf16_product(got, want, a, b):
 
 
 @pytest.mark.parametrize("name", [n for n in ALL_CASES if n.split("[")[0] in BF16_PRODUCTS
-                                  and "f32_out" not in n])
+                                  and BF16_PRODUCTS[n.split("[")[0]][2] is not None])
 def test_gpu_bf16_product_matches_xla_to_bf16_rounding(name, gpu_functions):
-    got, want, (a, b) = _call(name, gpu_functions)
-    if name.startswith(("bf16_x_wT", "bf16_batched_qk")):  # b was given as (..., N, K)
-        b = np.swapaxes(np.asarray(b), -1, -2)
-    assert_bf16_product(got, want, a, b)
+    got, want, args = _call(name, gpu_functions)
+    assert_bf16_product(got, want, *BF16_PRODUCTS[name.split("[")[0]][2](*map(np.asarray, args)))
 
 
 @pytest.mark.parametrize("name", list(ALL_CASES))
@@ -253,6 +270,8 @@ def test_gpu_matches_jax(name, gpu_functions):
         assert_same(g, w, **tol)
 
 
+@pytest.mark.skipif(os.environ.get("JUJU_GPU_TESTS_DRY_RUN") == "1",
+                    reason="dry run on the CPU engine: no device memory")
 def test_gpu_outputs_stay_on_the_device_and_feed_the_next_call():
     double = juju.jit(lambda x: x * 2, engine=ENGINE)
     out = double(V)

@@ -100,6 +100,22 @@ def virtual_gpu(count: int = 1) -> str | None:
     return arch
 
 
+VENDOR_BLAS_ENV = "JUJU_GPU_VENDOR_BLAS"
+
+
+def gpu_vendor_blas() -> bool:
+    """Whether `JUJU_GPU_VENDOR_BLAS=1` asks for MAX's vendor-BLAS matmuls
+    (cuBLAS, hipBLASLt) in GPU graphs: the `MODULE_USE_VENDOR_BLAS` define
+    MAX's own serving sets with `MAX_SERVE_USE_VENDOR_BLAS`."""
+    return os.environ.get(VENDOR_BLAS_ENV, "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def configure_session(session, kind: str) -> None:
+    """What a session compiling for `kind` is told beyond its device."""
+    if kind != "cpu" and gpu_vendor_blas():
+        session._use_vendor_blas("true")  # private in MAX 26.7; what max.pipelines calls
+
+
 def _session(kind: str, index: int):
     session = _sessions.get((kind, index))
     if session is None:
@@ -109,6 +125,7 @@ def _session(kind: str, index: int):
             virtual_gpu(index + 1)
         device = driver.CPU() if kind == "cpu" else driver.Accelerator(index)
         session = _sessions[(kind, index)] = engine.InferenceSession(devices=[device])
+        configure_session(session, kind)
     return session
 
 

@@ -64,6 +64,7 @@ class Engine:
                 from max import engine
 
                 session = engine.InferenceSession(devices=[self.device])
+                compile_worker.configure_session(session, self.kind)
                 _sessions[self.key] = session
                 # MAX's CPU workers exist from here on, whichever the device.
                 _lower_worker_priority()
@@ -71,8 +72,11 @@ class Engine:
 
     @property
     def description(self) -> str:
-        """What compiled code depends on: device kind, model and host CPU."""
-        return f"{self.kind}:{self.index}:{_device_identity(self.device)}"
+        """What compiled code depends on: device kind, model and host CPU,
+        and for a GPU whether its matmuls are the vendor's
+        (`JUJU_GPU_VENDOR_BLAS`)."""
+        blas = ":vendor_blas" if self.kind != "cpu" and compile_worker.gpu_vendor_blas() else ""
+        return f"{self.kind}:{self.index}:{_device_identity(self.device)}{blas}"
 
     def load_mef(self, path) -> list:
         """Models of an exported compilation (memoised per process)."""

@@ -1,14 +1,22 @@
 """dot_general: any batch/contracting dimensions, as one batched matmul.
 
 Two rules. `lower_dot_general` serves every engine: `ops.matmul(a, b)` with
-`b` as (contracting, free). On a GPU engine `lower_dot_general_gpu` wins
-(unless `JUJU_GPU_MATMUL=plain`): the product takes the transposed-B form
-that MAX's own models use (`x @ w.T`), `ops.matmul(a, ops.transpose(bt))`
-with `bt` (free, contracting) in memory. MAX 26.7 compiles that form into its
-Hopper (sm90) warp-specialised tensor-core kernel; the plain form compiles
-into its generic multistage kernel only, whose bfloat16 results are wrong for
-more than 8 rows (modular/modular#6883). Both facts were read off MEFs
-compiled for a virtual sm_90a GPU (docs/gpu.md).
+`b` as (contracting, free). On a GPU engine `lower_dot_general_gpu` wins:
+where `b` already is (free, contracting) in memory (`x @ w.T`, attention's
+`q @ k.T`, most backward products) the product takes the transposed-B form
+MAX's own models use, `ops.matmul(a, ops.transpose(bt))`, with no copy;
+elsewhere the plain form, with no copy either.
+
+What MAX 26.7 compiles, read off MEFs compiled for a virtual sm_90a GPU
+(docs/gpu.md): its Hopper (sm90) warp-specialised tensor-core kernel for
+bfloat16 in the transposed-B form when `bt` is a graph input; its generic
+multistage kernel for bfloat16 in the plain form (wrong for more than 8
+rows: modular/modular#6883), for float32 in both forms, and for a bfloat16
+`bt` computed in the graph (a copy of `b` made to get the transposed-B form
+is undone: MAX fuses the transpose into the copy's kernel, through a select
+or a cumsum alike). So bfloat16 products are computed in float32 unless
+`JUJU_GPU_MATMUL=tensor_cores` or vendor BLAS (`JUJU_GPU_VENDOR_BLAS=1`,
+cuBLAS for every product) says otherwise.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from max.graph import ops
 
 from juju import RuleSet
 from juju import primitives as P
+from juju.compile_worker import gpu_vendor_blas
 from juju.dtypes import max_shape
 from juju_ops_lax._util import reshape_result, scalar
 from juju_ops_lax import mixed
@@ -31,41 +40,40 @@ from juju_ops_lax import mixed
 rules = RuleSet()
 
 #: `JUJU_GPU_MATMUL`, read whenever a product is lowered for a GPU engine:
-#: `transposed_b` (default): bfloat16 products on bfloat16 tensor cores,
-#: float32 (TF32) and float16 (as float32) ones too, all in the transposed-B
-#: form; `transposed_b_fp32`: the same form, bfloat16 products computed in
-#: float32; `plain`: `ops.matmul(a, b)` with bfloat16 in float32 (juju's
-#: GPU products before the transposed-B form).
+#: `fp32` (default): bfloat16 products computed in float32 (TF32 tensor
+#: cores, exact for bf16 values) and rounded once, right in every form;
+#: `tensor_cores`: bfloat16 products in bfloat16 where `b` is (free,
+#: contracting) in memory, MAX's sm90 tensor-core form (float32 elsewhere);
+#: right only where MAX keeps that form (docs/gpu.md). With vendor BLAS
+#: (`JUJU_GPU_VENDOR_BLAS=1`) bfloat16 products are bfloat16 in any form.
 GPU_MATMUL_ENV = "JUJU_GPU_MATMUL"
-GPU_MATMUL_FORMS = ("transposed_b", "transposed_b_fp32", "plain")
-
-#: With `b` in (contracting, free) order, the transposed-B form copies it
-#: once (K x N elements) before the product. For float32 (whose plain form
-#: is right, only slower) that copy is taken from this many rows of `a` on:
-#: with MAX's sm90 kernel at ~2.6x its plain one (the issue's H200 figures),
-#: the copy pays for itself from M ~ 210 (an estimate; docs/gpu.md).
-F32_COPY_MIN_ROWS = 256
+GPU_MATMUL_MODES = ("fp32", "tensor_cores")
 
 
-def gpu_matmul_form() -> str:
-    """The GPU product form `JUJU_GPU_MATMUL` asks for (`GPU_MATMUL_FORMS`)."""
-    value = os.environ.get(GPU_MATMUL_ENV, "").strip().lower() or GPU_MATMUL_FORMS[0]
-    if value not in GPU_MATMUL_FORMS:
+def gpu_matmul_mode() -> str:
+    """The GPU bfloat16 product mode `JUJU_GPU_MATMUL` asks for."""
+    value = os.environ.get(GPU_MATMUL_ENV, "").strip().lower() or GPU_MATMUL_MODES[0]
+    if value not in GPU_MATMUL_MODES:
         warnings.warn(f"juju-ops-lax: {GPU_MATMUL_ENV}={value!r} is none of "
-                      f"{', '.join(GPU_MATMUL_FORMS)}; using {GPU_MATMUL_FORMS[0]}",
+                      f"{', '.join(GPU_MATMUL_MODES)}; using {GPU_MATMUL_MODES[0]}",
                       RuntimeWarning, stacklevel=2)
-        return GPU_MATMUL_FORMS[0]
+        return GPU_MATMUL_MODES[0]
     return value
+
+
+def _order(rank, batch, contract, *, contract_last):
+    """The permutation to (batch, free, contract) [or (batch, contract, free)]
+    and the free dims."""
+    free = [d for d in range(rank) if d not in batch and d not in contract]
+    return list(batch) + (free + list(contract) if contract_last else list(contract) + free), free
 
 
 def _to_batched_matrix(x, shape, batch, contract, *, contract_last):
     """Permute to (batch, free, contract) [or (batch, contract, free)] and
     reshape to rank 3, or to rank 2 without batch dims: a plain matmul is much
-    faster in MAX than a batch of one. Also says whether it permuted."""
-    free = [d for d in range(len(shape)) if d not in batch and d not in contract]
-    order = list(batch) + (free + list(contract) if contract_last else list(contract) + free)
-    moved = order != list(range(len(shape)))
-    if moved:
+    faster in MAX than a batch of one."""
+    order, free = _order(len(shape), batch, contract, contract_last=contract_last)
+    if order != list(range(len(shape))):
         x = ops.permute(x, order)
     b = math.prod(shape[d] for d in batch)
     f = math.prod(shape[d] for d in free)
@@ -74,7 +82,13 @@ def _to_batched_matrix(x, shape, batch, contract, *, contract_last):
     target = [b, *matrix] if batch else matrix
     if list(x.shape) != target:
         x = ops.reshape(x, max_shape(target))
-    return x, [shape[d] for d in free], moved
+    return x, [shape[d] for d in free]
+
+
+def _is_n_by_k(shape, batch, contract) -> bool:
+    """Whether operand b is (batch, free, contract) in memory already."""
+    order, _ = _order(len(shape), batch, contract, contract_last=True)
+    return order == list(range(len(shape)))
 
 
 @rules.register(P.dot_general_p)
@@ -83,14 +97,14 @@ def lower_dot_general(ctx, lhs, rhs, *, dimension_numbers, precision,
     return _lower(ctx, lhs, rhs, dimension_numbers, precision, transposed_b=False)
 
 
-def _on_gpu_transposed_b(ctx) -> bool:
-    return not ctx.device.is_cpu() and gpu_matmul_form() != "plain"
+def _on_gpu(ctx) -> bool:
+    return not ctx.device.is_cpu()
 
 
-_on_gpu_transposed_b.__qualname__ = f"GPU engine and {GPU_MATMUL_ENV} != plain"
+_on_gpu.__qualname__ = "GPU engine"
 
 
-@rules.register(P.dot_general_p, priority=1, guard=_on_gpu_transposed_b)
+@rules.register(P.dot_general_p, priority=1, guard=_on_gpu)
 def lower_dot_general_gpu(ctx, lhs, rhs, *, dimension_numbers, precision,
                           preferred_element_type, out_sharding):
     return _lower(ctx, lhs, rhs, dimension_numbers, precision, transposed_b=True)
@@ -108,15 +122,13 @@ def _lower(ctx, lhs, rhs, dimension_numbers, precision, *, transposed_b):
     compute = _compute_dtype(ctx, out_dtype, on_gpu, transposed_b)
     lhs = _cast(lhs, lhs_aval, out_dtype, compute)
     rhs = _cast(rhs, rhs_aval, out_dtype, compute)
-    a, lhs_free, _ = _to_batched_matrix(lhs, lhs_aval.shape, lb, lc, contract_last=True)
-    rows = math.prod(lhs_free)
-    if transposed_b:
-        b, rhs_free, moved = _to_batched_matrix(rhs, rhs_aval.shape, rb, rc, contract_last=True)
-        b, matmul = _transposed_b_operand(ctx, b, moved, rows)
-        if b.dtype != a.dtype:  # bfloat16 whose copy could not be kept: float32 after all
-            a = ops.cast(a, b.dtype)
+    a, lhs_free = _to_batched_matrix(lhs, lhs_aval.shape, lb, lc, contract_last=True)
+    if transposed_b and _is_n_by_k(rhs_aval.shape, rb, rc):
+        # b is (N, K) in memory: the transposed-B form costs nothing
+        b, rhs_free = _to_batched_matrix(rhs, rhs_aval.shape, rb, rc, contract_last=True)
+        matmul = _matmul_transposed_b
     else:
-        b, rhs_free, _ = _to_batched_matrix(rhs, rhs_aval.shape, rb, rc, contract_last=False)
+        b, rhs_free = _to_batched_matrix(rhs, rhs_aval.shape, rb, rc, contract_last=False)
         matmul = ops.matmul
     if on_gpu and a.dtype == DType.float32 and _wants_fp32(precision):
         product = _matmul_3xtf32(a, b, matmul)
@@ -138,64 +150,34 @@ def _compute_dtype(ctx, out_dtype, on_gpu, transposed_b):
         # MAX cannot compile a bool matmul; XLA's is OR of ANDs: count the
         # true products in float32 (exact below 2^24 terms) and test for any.
         return DType.float32
-    if not on_gpu:
-        return compute
-    if compute == DType.bfloat16 and not (transposed_b and gpu_matmul_form() == "transposed_b"
-                                          and _suits_sm90_bf16(ctx)):
+    if on_gpu and compute == DType.bfloat16 and not (
+            gpu_vendor_blas() or (transposed_b and gpu_matmul_mode() == "tensor_cores"
+                                  and _sm90_bf16_form(ctx))):
         # bf16 values are exact in fp32 (and TF32), so an fp32 product rounded
-        # once is what XLA computes: right, at CUDA-core speed.
-        return DType.float32
-    if compute == DType.float16 and transposed_b:
-        # MAX 26.7's sm90 kernels take bf16, fp32 and fp8; float16 values are
-        # exact in TF32, so fp32 products rounded once are XLA's.
+        # once is what XLA computes: right, at TF32 speed.
         return DType.float32
     return compute
 
 
-def _suits_sm90_bf16(ctx) -> bool:
-    """Whether MAX's sm90 dispatch takes a bf16 product of these shapes:
-    static N and K, K a multiple of 4 bytes (its cp.async loads) and N a
-    multiple of 8 (its output tiles). Other shapes would fall back to the
-    generic kernel, the one that is wrong in bf16 (#6883)."""
+def _sm90_bf16_form(ctx) -> bool:
+    """Whether this bf16 product takes the transposed-B form with no copy
+    and shapes MAX's sm90 dispatch takes: static N and K, K a multiple of 4
+    bytes (its cp.async loads), N a multiple of 8 (its output tiles)."""
     (lc, rc), (lb, rb) = ctx.params["dimension_numbers"]
     lhs_shape, rhs_shape = (aval.shape for aval in ctx.avals_in)
-    contracted = [lhs_shape[d] for d in lc]
-    free = [rhs_shape[d] for d in range(len(rhs_shape)) if d not in rc and d not in rb]
-    if not all(isinstance(d, (int, np.integer)) for d in contracted + free):
+    if not _is_n_by_k(rhs_shape, rb, rc):
+        return False
+    _, free = _order(len(rhs_shape), rb, rc, contract_last=True)
+    dims = [lhs_shape[d] for d in lc] + [rhs_shape[d] for d in free]
+    if not all(isinstance(d, (int, np.integer)) for d in dims):
         return False  # a symbolic dimension
-    return math.prod(contracted) % 2 == 0 and math.prod(free) % 8 == 0
+    return math.prod(dims[:len(lc)]) % 2 == 0 and math.prod(dims[len(lc):]) % 8 == 0
 
 
 def _cast(x, aval, out_dtype, compute):
     if np.dtype(aval.dtype) != np.dtype(out_dtype) or compute != x.dtype:
         return ops.cast(x, compute)
     return x
-
-
-def _transposed_b_operand(ctx, bt, moved, rows):
-    """`bt` ((batch,) N, K) ready for `_matmul_transposed_b`, and that matmul.
-
-    A `bt` made by a permute must stay a copy in memory: MAX folds the two
-    transposes of transpose(permute(b)) back into b, and the plain form it
-    then compiles is the slow (and, in bf16, wrong) kernel. `ctx.opaque`
-    makes the copy an elementwise select MAX cannot see through. Where it
-    cannot (a graph without a runtime input), or where the copy costs more
-    than it saves (float32 with few rows), the product takes the plain form
-    and bf16 goes to float32."""
-    if not moved:
-        return bt, _matmul_transposed_b
-    if bt.dtype == DType.float32 and rows < F32_COPY_MIN_ROWS:
-        return _untranspose(bt), ops.matmul
-    kept = ctx.opaque(bt)
-    if kept is bt:
-        if bt.dtype == DType.bfloat16:
-            bt = ops.cast(bt, DType.float32)
-        return _untranspose(bt), ops.matmul
-    return kept, _matmul_transposed_b
-
-
-def _untranspose(bt):
-    return ops.transpose(bt, -1, -2)
 
 
 def _matmul_transposed_b(a, bt):
