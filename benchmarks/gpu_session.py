@@ -58,6 +58,7 @@ PHASES = ("install", "compile", "tests", "bench", "docs", "vendor_blas")
 # What the vendor-BLAS phase runs: the products' tests and rows.
 VENDOR_TESTS, VENDOR_ROWS = "bf16 or matmul or mlp_grad", "matmul,MLP,transformer"
 SITE = Path("/tmp/site")  # where .gpu/b/install.sh installs MAX and juju's wheels
+UNPACKED = Path("/tmp/x/max")  # where .gpu/a/unpack.sh puts MAX's runtime
 STATE = Path("/tmp/juju-gpu")  # caches that outlive one device call on a warm machine
 START, END = "<!-- gpu-bench:start -->", "<!-- gpu-bench:end -->"
 SOURCES = ("juju_core/src", "juju_ops_lax/src", "juju_ops_nn/src")
@@ -162,7 +163,7 @@ def install(s: Session) -> int:
     if "install" in s.args.skip:
         return 0
     if not (SITE / ".done").exists():
-        if not Path("/tmp/x/max").is_dir():
+        if not UNPACKED.is_dir():
             s.say("MAX's runtime is not unpacked on this machine: run the first device call "
                   "(carry .gpu/a: bash .gpu/a/unpack.sh) and then this one within ~30 s")
             return 3
@@ -227,16 +228,18 @@ def vendor_blas(s: Session) -> int:
     try:
         code = s.run("vendor_blas compile", [
             s.python, "-m", "benchmarks.gpu", "--compile-only", "--with-tests", "--tests-k",
-            VENDOR_TESTS, *device, "--forms", "--only", VENDOR_ROWS,
+            s.args.k or VENDOR_TESTS, *device, "--forms", "--only", s.args.only or VENDOR_ROWS,
             "--json", str(s.out / "gpu-results-vendor.json")], limit=s.left() - 60)
         if code == -1:
             return code
         s.run("vendor_blas tests", [s.python, "-m", "pytest", "tests/test_gpu.py", "-q", "-p",
-                                    "no:cacheprovider", "-p", "no:xdist", "-k", VENDOR_TESTS,
+                                    "no:cacheprovider", "-p", "no:xdist", "-k",
+                                    s.args.k or VENDOR_TESTS,
                                     f"--junitxml={s.out / 'test_gpu_vendor.xml'}"],
               limit=max(s.left() - 45, 20))
         return s.run("vendor_blas bench", [
-            s.python, "-m", "benchmarks.gpu", *device, "--forms", "--only", VENDOR_ROWS,
+            s.python, "-m", "benchmarks.gpu", *device, "--forms", "--only",
+            s.args.only or VENDOR_ROWS,
             "--json", str(s.out / "gpu-results-vendor.json")], limit=max(s.left() - 5, 20))
     finally:
         s.env = saved
@@ -373,9 +376,9 @@ def main(argv=None) -> int:
                              "docs/gpu.md, and do nothing else")
     args = parser.parse_args(argv)
     if args.only is None:
-        args.only = "matmul f32,matmul bf16 256x256,softmax" if args.dry_run else ""
+        args.only = "matmul f32 256x256" if args.dry_run else ""
     if args.k is None:
-        args.k = "bf16_x_w or matmul_f32 or softmax" if args.dry_run else ""
+        args.k = "matmul_f32_transposed_b or bf16_x_wT" if args.dry_run else ""
     if args.dry_run:
         args.no_forms = True
     if args.report:
