@@ -9,7 +9,10 @@
     python3 dev.py conformance   # JAX's primitive harnesses -> docs/coverage.md
     python3 dev.py programs      # the real-programs tier (flax, optax, ...) vs jax.jit, two
                                  # sizes (--cold: juju's caches empty, in a temporary folder)
-    python3 dev.py bench         # benchmarks, juju vs jax.jit (--cold-start: empty caches)
+    python3 dev.py bench         # benchmarks, juju vs jax.jit (--cold-start: empty caches;
+                                 # --set gpu: on one GPU, --device cpu --small: dry run)
+    python3 dev.py gpu           # ON a lent GPU machine: install, compile, test_gpu, bench,
+                                 # docs/gpu.md's table (--dry-run: here; docs/gpu.md says how)
     python3 dev.py fuzz --count 2000   # random programs vs jax.jit (tests/fuzz)
     python3 dev.py census        # what the Mojo generator refuses, counted by class
     python3 dev.py shared-cache --rounds 20   # processes at once on one cache, some killed
@@ -280,6 +283,10 @@ def main(argv: list[str]) -> int:
         print(f"unknown environment {env_name!r}; known: {', '.join(envs)}", file=sys.stderr)
         return 2
     env = Env(env_name, envs[env_name])
+    if command == "gpu" and "--dry-run" not in rest:
+        # The GPU machine: its own python3 (CUDA jax), no venv, no network.
+        return subprocess.run([sys.executable, "-m", "benchmarks.gpu_session", *rest],
+                              cwd=ROOT).returncode
     env.setup()
     if command == "setup":
         return 0
@@ -291,7 +298,8 @@ def main(argv: list[str]) -> int:
         if parallel:  # the cores shared out: each test process gets its MAX compile workers
             share = max(1, (os.cpu_count() or 1) // int(parallel[1]))
             os.environ.setdefault("JUJU_COMPILE_WORKERS", str(share))
-        deselected = "not full and not programs and not fuzz and not processes"
+        deselected = ("not full and not programs and not fuzz and not processes "
+                      "and not gpu_compile")
         return env.run(["-m", "pytest", "-m", deselected, *parallel, *rest])
     if command == "programs":
         env.ensure(_program_requirements(env.python,
@@ -325,6 +333,9 @@ def main(argv: list[str]) -> int:
         # benchmarks/programs.py's flax and optax rows: the programs tier's pins.
         env.ensure(_workspace()["bench-requirements"] + _program_requirements(env.python))
         return env.run(["-m", "benchmarks.run", *rest])
+    if command == "gpu":  # --dry-run: the same phases here, with the venv
+        env.ensure(_workspace()["bench-requirements"] + _program_requirements(env.python))
+        return env.run(["-m", "benchmarks.gpu_session", "--python", str(env.python), *rest])
     if command == "docs":
         # mkdocstrings reads juju's sources (mkdocs.yml `paths`): no MAX compile.
         env.ensure(_workspace()["docs-requirements"])

@@ -7,7 +7,9 @@ rows: the core set below, then the workloads of real programs
 compiles take many minutes on a cold cache).
 Options: --quick (fewer repeats), --set core|programs, --only NAME[,NAME],
 --no-startup; --cold-start runs benchmarks/cold_start.py instead (first calls
-with empty caches: minutes).
+with empty caches: minutes). `--set gpu` runs benchmarks/gpu.py instead: juju
+vs jax.jit on one GPU (its own options follow: --device cpu --small is a dry
+run on the CPU).
 """
 
 from __future__ import annotations
@@ -270,10 +272,17 @@ def chart(rows, path: Path) -> bool:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    for i, arg in enumerate(argv):  # `--set gpu`: benchmarks/gpu.py, with its own options
+        if arg == "--set=gpu" or (arg == "--set" and argv[i + 1:i + 2] == ["gpu"]):
+            from benchmarks import gpu
+
+            return gpu.main(argv[:i] + argv[i + (1 if arg == "--set=gpu" else 2):])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default="")
-    parser.add_argument("--set", choices=SETS, help="one group of rows (default: all)")
+    parser.add_argument("--set", choices=SETS, help="one group of rows (default: all); "
+                        "gpu: benchmarks/gpu.py")
     parser.add_argument("--no-startup", action="store_true")
     parser.add_argument("--no-symbolic", action="store_true")
     parser.add_argument("--cold-start", action="store_true")

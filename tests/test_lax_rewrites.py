@@ -1,12 +1,13 @@
-"""The lax pack's Jaxpr rewrite: transpose(dot_general(a, b)) of matrices
-becomes dot_general(b, a) (JAX writes dense-layer weight gradients that way)."""
+"""The lax pack's Jaxpr rewrites: transpose(dot_general(a, b)) of matrices
+becomes dot_general(b, a) (JAX writes dense-layer weight gradients that way),
+and a transpose feeding a dot_general folds into its dimension numbers."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import juju
-from juju_ops_lax.rewrites import fold_transposed_dots
+from juju_ops_lax.rewrites import fold_transposed_dots, fold_transposed_operands
 from tests.util import assert_same
 
 rng = np.random.default_rng(11)
@@ -29,8 +30,36 @@ def test_transposed_dots_are_folded():
     after = [e.primitive.name for e in fold_transposed_dots(closed).jaxpr.eqns]
     # the gradient's and the last output's transposes go; `d.T` stays (d has two uses)
     assert before.count("transpose") - after.count("transpose") == 2
+    # `x.T @ b`'s transpose folds into its dot too
+    operands = [e.primitive.name for e in
+                fold_transposed_operands(fold_transposed_dots(closed)).jaxpr.eqns]
+    assert after.count("transpose") - operands.count("transpose") == 1
     assert before.count("dot_general") == after.count("dot_general")
 
 
 def test_folded_program_matches_jax():
     assert_same(juju.jit(dense_grads)(*ARGS), jax.jit(dense_grads)(*ARGS), rtol=1e-5, atol=1e-5)
+
+
+def transposed_operands(x, w, q, k, a, b):
+    wt = w.T
+    return (x @ w.T,                                        # rhs folds
+            jnp.transpose(q, (0, 2, 1)) @ k,                # batched, lhs folds
+            a.T @ b.T,                                      # both operands fold
+            jnp.transpose(q, (1, 0, 2)) @ jnp.ones((7, 3)),  # free dims would reorder: stays
+            jnp.transpose(q, (2, 0, 1)).sum(),              # not a dot's operand: stays
+            x @ wt, wt.sum())                               # wt has two uses: stays
+
+
+OPERAND_ARGS = tuple(rng.normal(size=s).astype(np.float32)
+                     for s in ((5, 4), (3, 4), (2, 6, 7), (2, 6, 7), (4, 5), (3, 4)))
+
+
+def test_transposed_operands_fold_and_match_jax():
+    closed = jax.make_jaxpr(transposed_operands)(*OPERAND_ARGS)
+    before = [e.primitive.name for e in closed.jaxpr.eqns]
+    after = [e.primitive.name for e in fold_transposed_operands(closed).jaxpr.eqns]
+    assert before.count("transpose") - after.count("transpose") == 4
+    assert before.count("dot_general") == after.count("dot_general")
+    assert_same(juju.jit(transposed_operands)(*OPERAND_ARGS),
+                jax.jit(transposed_operands)(*OPERAND_ARGS), rtol=1e-5, atol=1e-5)

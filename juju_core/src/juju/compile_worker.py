@@ -82,13 +82,53 @@ def compile_to_mef(session, text: str, extensions, mef_path: str, options=None) 
     compiled.export_mef(mef_path)
 
 
+VIRTUAL_GPU_ENV = "JUJU_VIRTUAL_GPU"
+
+
+def virtual_gpu(count: int = 1) -> str | None:
+    """Put MAX in virtual-device mode when `JUJU_VIRTUAL_GPU` names a GPU
+    (`sm_90a`, `cuda:sm_90a`, `hip:gfx942`): on a machine without one,
+    `driver.Accelerator(i)` is then that GPU for compiling only (a loaded
+    model cannot run). Returns the architecture, or None when unset. The
+    caller and its compile workers (which inherit the variable) agree."""
+    value = os.environ.get(VIRTUAL_GPU_ENV, "").strip()
+    if not value:
+        return None
+    api, _, arch = value.rpartition(":")
+    from max import driver
+
+    driver.set_virtual_device_api(api or "cuda")
+    driver.set_virtual_device_target_arch(arch)
+    driver.set_virtual_device_count(max(count, driver.get_virtual_device_count()))
+    return arch
+
+
+VENDOR_BLAS_ENV = "JUJU_GPU_VENDOR_BLAS"
+
+
+def gpu_vendor_blas() -> bool:
+    """Whether `JUJU_GPU_VENDOR_BLAS=1` asks for MAX's vendor-BLAS matmuls
+    (cuBLAS, hipBLASLt) in GPU graphs: the `MODULE_USE_VENDOR_BLAS` define
+    MAX's own serving sets with `MAX_SERVE_USE_VENDOR_BLAS`."""
+    return os.environ.get(VENDOR_BLAS_ENV, "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def configure_session(session, kind: str) -> None:
+    """What a session compiling for `kind` is told beyond its device."""
+    if kind != "cpu" and gpu_vendor_blas():
+        session._use_vendor_blas("true")  # private in MAX 26.7; what max.pipelines calls
+
+
 def _session(kind: str, index: int):
     session = _sessions.get((kind, index))
     if session is None:
         from max import driver, engine
 
+        if kind != "cpu":
+            virtual_gpu(index + 1)
         device = driver.CPU() if kind == "cpu" else driver.Accelerator(index)
         session = _sessions[(kind, index)] = engine.InferenceSession(devices=[device])
+        configure_session(session, kind)
     return session
 
 

@@ -14,6 +14,7 @@ import os
 import threading
 from dataclasses import dataclass
 
+from juju import compile_worker
 from juju.errors import EngineUnavailableError
 
 _sessions: dict[tuple[str, int], object] = {}
@@ -63,6 +64,7 @@ class Engine:
                 from max import engine
 
                 session = engine.InferenceSession(devices=[self.device])
+                compile_worker.configure_session(session, self.kind)
                 _sessions[self.key] = session
                 # MAX's CPU workers exist from here on, whichever the device.
                 _lower_worker_priority()
@@ -70,8 +72,11 @@ class Engine:
 
     @property
     def description(self) -> str:
-        """What compiled code depends on: device kind, model and host CPU."""
-        return f"{self.kind}:{self.index}:{_device_identity(self.device)}"
+        """What compiled code depends on: device kind, model and host CPU,
+        and for a GPU whether its matmuls are the vendor's
+        (`JUJU_GPU_VENDOR_BLAS`)."""
+        blas = ":vendor_blas" if self.kind != "cpu" and compile_worker.gpu_vendor_blas() else ""
+        return f"{self.kind}:{self.index}:{_device_identity(self.device)}{blas}"
 
     def load_mef(self, path) -> list:
         """Models of an exported compilation (memoised per process)."""
@@ -116,6 +121,8 @@ def _device_identity(device) -> str:
             pass
     else:
         parts.append(getattr(device, "architecture_name", ""))
+        if os.environ.get(compile_worker.VIRTUAL_GPU_ENV):  # never mistaken for a real one
+            parts.append("virtual")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
@@ -158,6 +165,7 @@ def _device(kind: str, index: int):
         if kind == "cpu":
             _devices[key] = driver.CPU()
         else:
+            compile_worker.virtual_gpu(index + 1)
             count = driver.accelerator_count()
             if count <= index:
                 raise EngineUnavailableError(
@@ -179,6 +187,11 @@ def gpu_engine(index: int = 0) -> Engine:
 
     Args:
         index: the accelerator's number, from 0.
+
+    With `JUJU_VIRTUAL_GPU` set (`sm_90a`, `cuda:sm_90a`), a machine without
+    a GPU gets that one for compiling only: graphs lower, compile and load
+    (`juju.jit(f, engine=gpu_engine()).lower(x).compile()`), calls fail. It
+    checks which form a GPU graph takes without a GPU (docs/gpu.md).
 
     Raises:
         EngineUnavailableError: MAX sees no accelerator with that number on

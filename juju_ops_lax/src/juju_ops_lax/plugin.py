@@ -49,4 +49,4 @@ def juju_rules():
 
 @juju.hookimpl
 def juju_jaxpr_rewrites():
-    return [rewrites.fold_transposed_dots]
+    return [rewrites.fold_transposed_dots, rewrites.fold_transposed_operands]

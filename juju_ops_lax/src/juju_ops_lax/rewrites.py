@@ -5,6 +5,11 @@ transpose rule writes every weight gradient of a dense layer that way; XLA
 folds the transpose into the dot's output layout, MAX copies the whole
 matrix (a 512x512 transpose per layer in the benchmark's MLP step), while a
 transpose feeding a matmul costs it nothing.
+
+`dot_general(transpose(w), x)` (`x @ w.T` in jnp) becomes a dot_general of
+`w` itself, its dimension numbers read through the permutation: the dot's
+rule then sees the operand as it is in memory. On a GPU engine that is what
+keeps `x @ w.T` free of a copy (`juju_ops_lax.dot`'s transposed-B form).
 """
 
 from __future__ import annotations
@@ -42,4 +47,51 @@ def fold_transposed_dots(closed: ClosedJaxpr) -> ClosedJaxpr:
         return closed
     gone = {id(dots[e.invars[0]]) for e in jaxpr.eqns if id(e) in folded}
     eqns = [folded.get(id(e), e) for e in jaxpr.eqns if id(e) not in gone]
+    return ClosedJaxpr(jaxpr.replace(eqns=eqns), closed.consts)
+
+
+def _through(perm, dims):
+    return tuple(int(perm[d]) for d in dims)
+
+
+def _fold_operand(dot, index, transpose):
+    """`dot` reading the transpose's input in place of operand `index`, or
+    None when the result's dimension order would change (the operand's free
+    dimensions must keep their order through the permutation)."""
+    perm = tuple(transpose.params["permutation"])
+    (lc, rc), (lb, rb) = dot.params["dimension_numbers"]
+    contract, batch = (lc, lb) if index == 0 else (rc, rb)
+    free = [d for d in range(len(perm)) if d not in contract and d not in batch]
+    if list(_through(perm, free)) != sorted(_through(perm, free)):
+        return None
+    contract, batch = _through(perm, contract), _through(perm, batch)
+    numbers = (((contract, rc), (batch, rb)) if index == 0 else ((lc, contract), (lb, batch)))
+    invars = list(dot.invars)
+    invars[index] = transpose.invars[0]
+    return dot.replace(invars=invars, params={**dot.params, "dimension_numbers": numbers})
+
+
+def fold_transposed_operands(closed: ClosedJaxpr) -> ClosedJaxpr:
+    jaxpr = closed.jaxpr
+    uses = Counter(v for e in jaxpr.eqns for v in e.invars if isinstance(v, Var))
+    uses.update(v for v in jaxpr.outvars if isinstance(v, Var))
+    transposes = {e.outvars[0]: e for e in jaxpr.eqns if e.primitive is P.transpose_p}
+    replaced, gone = {}, set()
+    for e in jaxpr.eqns:
+        if e.primitive is not P.dot_general_p:
+            continue
+        dot = e
+        for index, operand in enumerate(e.invars):
+            transpose = transposes.get(operand)
+            if transpose is None or uses[operand] != 1:
+                continue
+            folded = _fold_operand(dot, index, transpose)
+            if folded is not None:
+                dot = folded
+                gone.add(id(transpose))
+        if dot is not e:
+            replaced[id(e)] = dot
+    if not replaced:
+        return closed
+    eqns = [replaced.get(id(e), e) for e in jaxpr.eqns if id(e) not in gone]
     return ClosedJaxpr(jaxpr.replace(eqns=eqns), closed.consts)
