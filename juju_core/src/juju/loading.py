@@ -39,7 +39,10 @@ def load_models(engine: Engine, graphs: list, names: list[str]) -> list:
                 except Exception as exc:  # unreadable entry: compile instead
                     log.warning("juju: cached model %s unusable (%s); recompiling", hit[0], exc)
         misses = [i for i, m in enumerate(models) if m is None]
-        batches = _batches(misses)
+        # Graphs of the same content (the same segment in two staged
+        # programs, one function traced twice) compile once.
+        first = {}
+        batches = _batches([i for i in misses if first.setdefault(keys[i], i) == i])
         jobs = [_job(engine, [graphs[i] for i in batch], [names[i] for i in batch])
                 for batch in batches]
     if not jobs:
@@ -57,6 +60,8 @@ def load_models(engine: Engine, graphs: list, names: list[str]) -> list:
                     Path(mef).unlink(missing_ok=True)
             for i, model in zip(batch, loaded, strict=True):
                 models[i] = model
+    for i in misses:
+        models[i] = models[first[keys[i]]]
     return models
 
 
