@@ -16,6 +16,7 @@
     python3 dev.py fuzz --count 2000   # random programs vs jax.jit (tests/fuzz)
     python3 dev.py census        # what the Mojo generator refuses, counted by class
     python3 dev.py shared-cache --rounds 20   # processes at once on one cache, some killed
+    python3 dev.py callbacks     # every host callback placement vs jax.jit (tests/callback_gen)
     python3 dev.py docs          # the docs site into site/ (mkdocs build --strict)
     python3 dev.py python ...    # run the venv's python
 
@@ -329,6 +330,11 @@ def main(argv: list[str]) -> int:
         return env.run(["-m", "benchmarks.census", *rest])
     if command == "shared-cache":
         return env.run(["-m", "tests.shared_cache.run", *rest])
+    if command == "callbacks":  # equinox's checks are among the placements
+        env.ensure(_program_requirements(env.python))
+        os.environ.setdefault("JUJU_TIERED", "0")
+        os.environ.setdefault("JUJU_PROGRAM_KERNELS", "0")
+        return env.run(["-m", "tests.callback_gen.run", *rest])
     if command == "bench":
         # benchmarks/programs.py's flax and optax rows: the programs tier's pins.
         env.ensure(_workspace()["bench-requirements"] + _program_requirements(env.python))

@@ -10,8 +10,14 @@ graphs between host steps (docs/callbacks.md).
 Then a loop whose callback sits behind a rarely taken `cond` in each step
 (as equinox's checks do): never taken (the loop runs whole in MAX, with a
 fired flag), the same loop with no callback in that branch (what the flag
-costs), and the branch taken at the last step (the MAX run, then the replay
-by jax.jit).
+costs), and the branch taken in every step (the MAX run, then the replay by
+jax.jit).
+
+Last, fired guards (`python -m benchmarks.callbacks --fired`): a 256-step
+loop whose guard fires on the last step only, a no-op callback there, and
+the same with a guard that raises there (as `eqx.error_if` does; the time
+until the caller catches the error). Interleaved medians, juju and jax.jit
+in turn.
 """
 
 from __future__ import annotations
@@ -73,6 +79,73 @@ guarded_reference = _checked(1e9, with_callback=False)  # the same loop, no call
 guarded_taken = _checked(-1e9)  # taken in every step: the MAX run, then the replay
 
 
+class Fired(Exception):
+    pass
+
+
+def _raise(v):
+    raise Fired("guard fired on the last step")
+
+
+def _last_step(raises):
+    """A loop whose guard (a cond on the step number) is taken at its last
+    step: a no-op callback there, or one that raises."""
+    def fire(v):
+        if raises:
+            return jax.pure_callback(_raise, jax.ShapeDtypeStruct(v.shape, v.dtype), v)
+        jax.debug.callback(noop, v)
+        return v
+
+    def guarded(x):
+        def body(i, c):
+            c = jax.lax.cond(i == STEPS - 1, fire, lambda v: v, c)
+            return jnp.tanh(c) * 0.5 + 0.1
+
+        return jax.lax.fori_loop(0, STEPS, body, x)
+
+    guarded.__name__ = guarded.__qualname__ = f"last_step_{'raises' if raises else 'calls'}"
+    return guarded
+
+
+fires_last_step = _last_step(raises=False)
+raises_last_step = _last_step(raises=True)
+
+
+def _timed_call(fn, x):
+    start = time.perf_counter()
+    try:
+        out = fn(x)
+        jax.block_until_ready(out) if not hasattr(out, "to_numpy") else out.to_numpy()
+    except Exception as exc:  # a raising guard: the time until the caller has the error
+        if "Fired" not in str(exc):
+            raise
+    jax.effects_barrier()
+    return time.perf_counter() - start
+
+
+def interleaved_medians(fns, x, repeats=41):
+    """Median seconds of each of `fns`, called in turn (one round after
+    another, so that the machine's load weighs on each alike)."""
+    for fn in fns:
+        _timed_call(fn, x)
+    samples = [[] for _ in fns]
+    for _ in range(repeats):
+        for times, fn in zip(samples, fns):
+            times.append(_timed_call(fn, x))
+    return [statistics.median(t) for t in samples]
+
+
+def fired():
+    x = np.linspace(-1, 1, 64, dtype=np.float32)
+    print("| program (256 steps, the guard fires at the last) | juju | jax.jit | juju / jax.jit |")
+    print("|---|---:|---:|---:|")
+    for f in (guarded_reference, fires_last_step, raises_last_step):
+        mine = juju.jit(f, tiered=False)
+        mine.lower(x).compile()
+        j, r = interleaved_medians([mine, jax.jit(f)], x)
+        print(f"| {f.__name__} | {j * 1e6:.0f} us | {r * 1e6:.0f} us | {j / r:.2f} |")
+
+
 def median_seconds(fn, x, repeats=30):
     fn(x)
     jax.effects_barrier()
@@ -107,4 +180,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    fired() if "--fired" in sys.argv else main()

@@ -231,11 +231,33 @@ def in_library_primitive(x):
     return checked_double_p.bind(x + 1)
 
 
+# A library's call-like primitive whose XLA lowering emits its body itself
+# (not a traced JAX implementation): juju evaluates the one sub-jaxpr that
+# takes its operands and gives its results.
+library_call_p = jax.extend.core.Primitive("test_library_call")
+library_call_p.multiple_results = True
+library_call_p.def_abstract_eval(lambda *avals, body: body.out_avals)
+_library_call_rule = mlir.lower_fun(
+    lambda *args, body: jax.core.eval_jaxpr(body.jaxpr, body.consts, *args),
+    multiple_results=True)
+mlir.register_lowering(library_call_p, lambda ctx, *args, body: _library_call_rule(
+    ctx, *args, body=body))
+
+
+def in_call_like_primitive(x):
+    def inner(v):
+        jax.debug.callback(record("library_call"), v)
+        return [jax.pure_callback(host_sin, like(v), v) * 2]
+
+    body = jax.make_jaxpr(inner)(x)
+    return library_call_p.bind(x + 1, body=body)[0]
+
+
 CASES = {f.__name__: f for f in (top_level, in_fori_loop, in_while_loop, in_scan, in_cond,
                                   in_nested_jit, in_custom_jvp, under_vmap, under_grad,
                                   in_custom_vjp, in_custom_linear_solve, in_linear_call,
                                   in_checkpoint, under_vmap_methods, vmap_of_cond,
-                                  in_library_primitive)}
+                                  in_library_primitive, in_call_like_primitive)}
 CASES["cond_in_loop"] = cond_in_loop
 CASES["cond_in_loop_taken"] = cond_in_loop_taken
 CASES["loop_after_guarded_taken"] = loop_after_guarded_taken
@@ -248,6 +270,17 @@ def boom(v):
 
 def raises_on_host(x):
     return jax.pure_callback(boom, like(x), x) + 1
+
+
+def check_small(v):
+    if v.sum() > 10:
+        raise ValueError("sum above 10")
+    return v
+
+
+def guard_raises_when_large(x):  # fires above 0 (replayed), raises above 10
+    return lax.cond(x.sum() > 0, lambda v: jax.pure_callback(check_small, like(v), v),
+                    lambda v: v, x) * 2
 
 
 def wrong_dtype(x):
@@ -264,7 +297,8 @@ def _calls_and_output(run, capsys):
 
 @pytest.fixture(scope="module")
 def compiled():
-    every = {**CASES, "raises_on_host": raises_on_host, "wrong_dtype": wrong_dtype}
+    every = {**CASES, "raises_on_host": raises_on_host, "wrong_dtype": wrong_dtype,
+             "guard_raises_when_large": guard_raises_when_large}
     try:
         import equinox  # noqa: F401
         every["eqx_checked"] = eqx_checked
@@ -313,9 +347,24 @@ def test_an_argument_returned_is_a_copy(compiled):
     assert juju.to_numpy(same)[0] == X[0]
 
 
-def test_a_callback_that_raises_reaches_the_caller(compiled):
-    with pytest.raises(ValueError, match="bad value from the host"):
+def test_a_callback_that_raises_is_a_runtime_error_as_in_jax(compiled):
+    # jax.jit's first call (its Python dispatch) raises JaxRuntimeError;
+    # juju always does, with the callback's own error as the cause.
+    with pytest.raises(jax.errors.JaxRuntimeError, match="bad value from the host"):
+        jax.jit(raises_on_host)(X)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="bad value from the host") as got:
         compiled["raises_on_host"](X)
+    assert isinstance(got.value.__cause__, ValueError)
+
+
+def test_a_replayed_guard_raises_one_error_type(compiled):
+    # After a replay that passed, jax.jit's C++ dispatch raises the callback's
+    # failure as ValueError; juju raises JaxRuntimeError every time.
+    fn = compiled["guard_raises_when_large"]
+    assert_same(fn(X), jax.jit(guard_raises_when_large)(X))  # fired, replayed, no error
+    for _ in range(2):
+        with pytest.raises(jax.errors.JaxRuntimeError, match="sum above 10"):
+            fn(X * 10)
 
 
 def test_a_result_of_the_wrong_dtype_is_a_runtime_error_as_in_jax(compiled):

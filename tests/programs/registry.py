@@ -71,6 +71,7 @@ def load_all() -> dict[str, Program]:
     from tests.programs import (  # noqa: F401
         diffrax_programs,
         equinox_programs,
+        fitting_programs,
         flax_programs,
         haiku_programs,
         loop_programs,

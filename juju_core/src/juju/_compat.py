@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import traceback
 
 import numpy as np
 import jax
@@ -334,6 +335,28 @@ host_callback_impls = {
 }
 if debug_print_p is not None:
     host_callback_impls[debug_print_p] = debug_print_p.impl
+
+
+_CALLBACK_FAILED = "INTERNAL: CpuCallback error calling callback: "
+
+
+def callback_failed(exc: BaseException) -> Exception:
+    """What jax.jit raises when a host callback raises `exc`: XLA's runtime
+    error, whose text holds the callback's traceback (equinox's `filter_jit`
+    finds its own errors in that text)."""
+    text = "".join(traceback.format_exception(exc))
+    return jax.errors.JaxRuntimeError(f"{_CALLBACK_FAILED}{text}")
+
+
+def as_callback_runtime_error(exc: BaseException) -> Exception | None:
+    """A failed callback's error from jax.jit as the JaxRuntimeError of its
+    Python dispatch (its C++ fast path raises the same text as ValueError);
+    None for any other error."""
+    if isinstance(exc, jax.errors.JaxRuntimeError):
+        return exc
+    if isinstance(exc, ValueError) and str(exc).startswith(_CALLBACK_FAILED):
+        return jax.errors.JaxRuntimeError(str(exc))
+    return None
 
 
 def bind_equation(eqn, invals) -> list:

@@ -124,7 +124,14 @@ class Segment:
             original = [e.eqn if isinstance(e, Speculated) else e for e in self.members]
             replay = self.__dict__["_replay_fn"] = speculation.replay(
                 _segment_function(original, self.in_vars, self.out_vars, self.consts))
-        return [_host_value(o) for o in replay(*[_host_value(v) for v in ins])]
+        try:
+            outs = replay(*[_host_value(v) for v in ins])
+        except ValueError as exc:  # one error type for a failed callback, as the host path
+            error = _compat.as_callback_runtime_error(exc)
+            if error is None:
+                raise
+            raise error from exc
+        return [_host_value(o) for o in outs]
 
     def segments(self):
         yield self
@@ -155,12 +162,16 @@ class Callback:
         eqn = self.eqn
         impl = _compat.host_callback_impls[eqn.primitive]
         args = [_host_value(_read(env, v), v.aval) for v in eqn.invars]
-        outs = list(impl(*args, **eqn.params))
-        if len(outs) != len(eqn.outvars):
-            raise TypeError(f"{eqn.primitive}: the callback returned {len(outs)} values, "
-                            f"expected {len(eqn.outvars)} ({_compat.source_line(eqn)})")
-        for i, (var, out) in enumerate(zip(eqn.outvars, outs)):
-            env[var] = _checked_result(eqn, i, var.aval, out)
+        try:
+            outs = list(impl(*args, **eqn.params))
+            if len(outs) != len(eqn.outvars):
+                raise TypeError(f"{eqn.primitive}: the callback returned {len(outs)} values, "
+                                f"expected {len(eqn.outvars)} ({_compat.source_line(eqn)})")
+            results = [_checked_result(eqn, i, var.aval, out)
+                       for i, (var, out) in enumerate(zip(eqn.outvars, outs))]
+        except Exception as exc:  # as under jax.jit: XLA's runtime error, caused by it
+            raise _compat.callback_failed(exc) from exc
+        env.update(zip(eqn.outvars, results))
 
     def segments(self):
         return iter(())
@@ -245,12 +256,17 @@ def plan(jaxpr, consts, segment_lowerer) -> Plan:
                 waiting.append(i)
         _close_run(steps, [eqns[i] for i in run], outputs | _read_by(eqns, waiting),
                    segment_lowerer, known)
-        if waiting:  # the first host step (device work it needs is done)
-            host = eqns[waiting[0]]
-            steps.append(_host_step(host, segment_lowerer))
-            available.update(host.outvars)
-            waiting = waiting[1:]
-        pending = waiting
+        # Then the host steps, in order, as long as their inputs are there
+        # (the first one's are): independent callbacks share the segments
+        # around them instead of each cutting the work once more.
+        pending, blocked = [], False
+        for i in waiting:
+            if not blocked and _needs_host(eqns[i]) and ready(eqns[i]):
+                steps.append(_host_step(eqns[i], segment_lowerer))
+                available.update(eqns[i].outvars)
+            else:
+                blocked = blocked or _needs_host(eqns[i])
+                pending.append(i)
     return Plan(jaxpr, list(consts), steps)
 
 

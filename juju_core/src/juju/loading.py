@@ -44,6 +44,9 @@ def load_models(engine: Engine, graphs: list, names: list[str], options=None) ->
                          options[batch[0]]) for batch in batches]
         if jobs:
             _compile(engine, jobs, batches, keys, models)
+    first = {}  # graphs of the same content compiled once: the others share its model
+    for i, key in enumerate(keys):
+        models[i] = models[first.setdefault(key, i)]
     return models
 
 
@@ -61,7 +64,10 @@ def _load_cached(engine: Engine, keys, names, options, models: list) -> list[lis
                 models[i] = engine.load_mef(hit[0])[hit[1]]
             except Exception as exc:  # unreadable entry: compile instead
                 log.warning("juju: cached model %s unusable (%s); recompiling", hit[0], exc)
-    misses = [i for i, m in enumerate(models) if m is None]
+    # Graphs of the same content (the same segment in two staged programs,
+    # one function traced twice) compile once.
+    first = {}
+    misses = [i for i, m in enumerate(models) if m is None and first.setdefault(keys[i], i) == i]
     return [batch for o in dict.fromkeys(options)  # one compilation per option set
             for batch in _batches([i for i in misses if options[i] == o])]
 
