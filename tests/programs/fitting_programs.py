@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.programs.registry import program
+from tests.programs.registry import program, sized
 
 LEARNING_RATE = 0.1
 
@@ -27,8 +27,9 @@ def _fit_step(loss):
 
 
 @program("optimistix_root_find_grad", "optimistix", rtol=1e-4, atol=1e-5)
-def optimistix_root_find_grad():
+def optimistix_root_find_grad(size):
     """The gradient of a root find's solution w.r.t. its parameters (issue 53)."""
+    n = sized(size, small=3, large=256)
     import jax
     import jax.numpy as jnp
     import optimistix as optx
@@ -38,16 +39,17 @@ def optimistix_root_find_grad():
         return jnp.tanh(a) - 0.3 * a - args[0], jnp.tanh(b) - 0.3 * b - args[1]
 
     def root_sum(p):
-        y0 = (jnp.float32(1.0), jnp.ones(3, jnp.float32))
+        y0 = (jnp.float32(1.0), jnp.ones(n, jnp.float32))
         a, b = optx.root_find(fn, optx.Newton(rtol=1e-5, atol=1e-5), y0, args=p).value
         return a + jnp.sum(b)
 
-    return jax.grad(root_sum), ((np.float32(0.1), np.linspace(0, 0.2, 3, dtype=np.float32)),)
+    return jax.grad(root_sum), ((np.float32(0.1), np.linspace(0, 0.2, n, dtype=np.float32)),)
 
 
 @program("optimistix_root_find_fit", "optimistix", rtol=1e-4, atol=1e-5)
-def optimistix_root_find_fit():
+def optimistix_root_find_fit(size):
     """Fit the parameters of an implicit equation so that its root hits a target."""
+    n = sized(size, small=4, large=256)
     import jax.numpy as jnp
     import optimistix as optx
 
@@ -59,39 +61,42 @@ def optimistix_root_find_fit():
                               args=params).value
         return jnp.mean((root - target) ** 2)
 
-    params = {"a": np.full(4, 1.0, np.float32), "b": np.array([0.5, 1.0, 2.0, 3.0], np.float32)}
-    return _fit_step(loss), (params, np.array([0.6, 0.8, 1.1, 1.3], np.float32))
+    params = {"a": np.full(n, 1.0, np.float32), "b": np.linspace(0.5, 3.0, n, dtype=np.float32)}
+    return _fit_step(loss), (params, np.linspace(0.6, 1.3, n, dtype=np.float32))
 
 
 @program("optimistix_minimise_fit", "optimistix", rtol=1e-4, atol=1e-5)
-def optimistix_minimise_fit():
+def optimistix_minimise_fit(size):
     """Fit the weights of an inner minimisation (bilevel): the argmin of a
     regularised least-squares problem, differentiated implicitly."""
     import jax.numpy as jnp
     import optimistix as optx
 
-    a = np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32)
-    y = (a @ np.array([1.0, -2.0, 0.5], np.float32)).astype(np.float32)
+    rows, width, steps = sized(size, small=(8, 3, 256), large=(2048, 256, 2048))
+    truth = np.resize(np.array([1.0, -2.0, 0.5], np.float32), width)
+    a = np.random.default_rng(0).normal(size=(rows, width)).astype(np.float32)
+    y = (a @ truth).astype(np.float32)
 
     def loss(log_reg, target):
         def objective(w, reg):
             return jnp.sum((a @ w - y) ** 2) + jnp.exp(reg) * jnp.sum(w ** 2 + 0.1 * w ** 4)
 
-        w = optx.minimise(objective, optx.BFGS(rtol=1e-6, atol=1e-6), jnp.zeros(3),
-                          args=log_reg, max_steps=256).value
+        w = optx.minimise(objective, optx.BFGS(rtol=1e-6, atol=1e-6), jnp.zeros(width),
+                          args=log_reg, max_steps=steps).value
         return jnp.sum((w - target) ** 2)
 
-    return _fit_step(loss), (np.float32(0.0), np.array([0.9, -1.5, 0.4], np.float32))
+    return _fit_step(loss), (np.float32(0.0), np.resize(np.array([0.9, -1.5, 0.4], np.float32),
+                                                        width))
 
 
 @program("optimistix_least_squares_fit", "optimistix", rtol=1e-4, atol=1e-5)
-def optimistix_least_squares_fit():
+def optimistix_least_squares_fit(size):
     """A decay curve fitted by Levenberg-Marquardt inside, its data's
     scale fitted by gradient descent outside."""
     import jax.numpy as jnp
     import optimistix as optx
 
-    ts = np.linspace(0.0, 2.0, 12, dtype=np.float32)
+    ts = np.linspace(0.0, 2.0, sized(size, small=12, large=16384), dtype=np.float32)
     observed = (2.0 * np.exp(-1.3 * ts)).astype(np.float32)
 
     def loss(scale, target):
@@ -107,18 +112,19 @@ def optimistix_least_squares_fit():
     return _fit_step(loss), (np.float32(1.0), np.array([2.5, 1.2], np.float32))
 
 
-def _operator_program(solver_name):
+def _operator_program(solver_name, size):
     """The gradient of a lineax solve w.r.t. its operator's matrix."""
     import jax.numpy as jnp
     import lineax as lx
 
+    n = sized(size, small=5, large=256)
     rng = np.random.default_rng(3)
-    matrix = (rng.normal(size=(5, 5)) + 4 * np.eye(5)).astype(np.float32)
-    vector = rng.normal(size=5).astype(np.float32)
+    matrix = (rng.normal(size=(n, n)) + 4 * np.sqrt(n / 5) * np.eye(n)).astype(np.float32)
+    vector = rng.normal(size=n).astype(np.float32)
 
     def loss(m, b):
         if solver_name == "CG":
-            operator = lx.MatrixLinearOperator(m @ m.T + jnp.eye(5), lx.positive_semidefinite_tag)
+            operator = lx.MatrixLinearOperator(m @ m.T + jnp.eye(n), lx.positive_semidefinite_tag)
             solver = lx.CG(rtol=1e-6, atol=1e-6)
         else:
             operator, solver = lx.MatrixLinearOperator(m), getattr(lx, solver_name)()
@@ -129,39 +135,42 @@ def _operator_program(solver_name):
 
 
 @program("lineax_lu_operator_grad", "lineax", rtol=1e-4, atol=1e-5)
-def lineax_lu_operator_grad():
-    return _operator_program("LU")
+def lineax_lu_operator_grad(size):
+    return _operator_program("LU", size)
 
 
 @program("lineax_qr_operator_grad", "lineax", rtol=1e-4, atol=1e-5)
-def lineax_qr_operator_grad():
-    return _operator_program("QR")
+def lineax_qr_operator_grad(size):
+    return _operator_program("QR", size)
 
 
 @program("lineax_cg_operator_grad", "lineax", rtol=1e-3, atol=1e-4)
-def lineax_cg_operator_grad():
-    return _operator_program("CG")
+def lineax_cg_operator_grad(size):
+    return _operator_program("CG", size)
 
 
 @program("diffrax_backsolve_fit", "diffrax", rtol=1e-4, atol=1e-5)
-def diffrax_backsolve_fit():
-    """A damped oscillator's parameters fitted to a final state, the gradient
-    by solving the adjoint ODE backwards (`BacksolveAdjoint`)."""
+def diffrax_backsolve_fit(size):
+    """Damped oscillators' parameters fitted to their final states, the
+    gradient by solving the adjoint ODE backwards (`BacksolveAdjoint`)."""
+    n = sized(size, small=1, large=256)  # oscillators, solved as one system
     import diffrax
     import jax.numpy as jnp
 
     def vector_field(t, y, args):
         damping, stiffness = args
         position, velocity = y
-        return jnp.stack([velocity, -stiffness * position - damping * velocity])
+        return jnp.stack([velocity, -stiffness * position - damping * velocity])  # (2, n)
 
     def loss(args, target):
         sol = diffrax.diffeqsolve(
             diffrax.ODETerm(vector_field), diffrax.Tsit5(), t0=0.0, t1=2.0, dt0=0.1,
-            y0=jnp.array([1.0, 0.0]), args=args,
+            y0=jnp.stack([jnp.linspace(1.0, 2.0, n), jnp.zeros(n)]), args=args,
             stepsize_controller=diffrax.PIDController(rtol=1e-5, atol=1e-5),
             adjoint=diffrax.BacksolveAdjoint())
         return jnp.sum((sol.ys[-1] - target) ** 2)
 
-    return _fit_step(loss), ((np.float32(0.3), np.float32(2.0)),
-                             np.array([-0.2, -0.4], np.float32))
+    target = np.repeat(np.array([[-0.2], [-0.4]], np.float32), n, axis=1)
+    return _fit_step(loss), ((np.full(n, 0.3, np.float32), np.linspace(2.0, 3.0, n,
+                                                                       dtype=np.float32)),
+                             target)
