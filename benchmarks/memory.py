@@ -11,7 +11,7 @@
    a graph (1024-wide layers) and one run natively as a generated kernel
    (32-wide layers).
 
-Options: --gib (argument size), --steps, --only call|loop, --json FILE.
+Options: --gib (argument size), --steps, --only call|loop, --engines, --json FILE.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ CALL = textwrap.dedent(
     x = jnp.full((n,), 1.5, jnp.float32) if kind == "jax" else np.full(n, 1.5, np.float32)
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")  # the peak so far: what we hold now
-    out = fn(x)
+    out = jax.block_until_ready(fn(x))  # jax.jit returns before it computes
     peak = status("VmHWM")
     value = float(juju.to_numpy(out)[-1]) if engine != "jax" else float(out[-1])
     assert value == 4.0, value
@@ -107,10 +107,10 @@ def _run(script: str, *args) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def calls(gib: float) -> list[dict]:
+def calls(gib: float, engines=("max", "xla-tier", "jax")) -> list[dict]:
     n = int(gib * (1 << 30)) // 4
     rows = []
-    for engine in ("max", "xla-tier", "jax"):
+    for engine in engines:
         for kind in ("numpy", "jax"):
             for donate in (False, True):
                 row = _run(CALL, engine, kind, int(donate), n)
@@ -140,11 +140,13 @@ def main(argv=None) -> int:
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--only", choices=("call", "loop"))
+    parser.add_argument("--engines", default="max,xla-tier,jax",
+                        help="of the call: max, xla-tier (the first call, tiered), jax")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     results = {}
     if args.only in (None, "call"):
-        results["calls"] = calls(args.gib)
+        results["calls"] = calls(args.gib, args.engines.split(","))
     if args.only in (None, "loop"):
         results["loops"] = loops(args.steps)
     if args.json:

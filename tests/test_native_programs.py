@@ -149,6 +149,7 @@ def test_a_kernel_that_fails_to_build_runs_as_a_max_graph(monkeypatch, caplog):
         raise juju.CompileError("a native kernel that does not build")
 
     monkeypatch.setattr(native_programs, "build_shared_library", broken_build)
+    monkeypatch.setattr(native_programs, "_built", {})  # not the batch `prepare` built
     with caplog.at_level(logging.WARNING, logger="juju"):
         compiled = juju.jit(lone_loop, tiered=False).lower(X + 1).compile()
     assert not _native(compiled)
@@ -164,3 +165,27 @@ def test_no_native_program_for_a_gpu_engine_or_other_programs():
     assert native_programs.runner(closed, Gpu()) is None
     two = jax.make_jaxpr(lambda x: (lone_loop(x), lone_loop(x * 2)))(X)
     assert native_programs.runner(two, juju.cpu_engine()) is None
+
+
+def test_a_batch_that_fails_to_build_is_split_down_to_the_failing_kernel(monkeypatch):
+    class Kernel:
+        def __init__(self, name):
+            self.name, self.source = name, f"fn {name}(): pass\n"
+
+    builds = []
+
+    def build(name, source):  # no Mojo: the batch fails where the bad kernel is in it
+        builds.append(source.count("fn "))
+        if "fn bad(" in source:
+            raise juju.CompileError("bad does not build")
+        return f"{name}.so"
+
+    monkeypatch.setattr(native_programs, "_library", build)
+    monkeypatch.setattr(native_programs, "_built", {})
+    kernels = [Kernel(n) for n in ("a", "b", "c", "bad", "d")]
+    native_programs._build_together(kernels)
+    built = native_programs._built
+    # [a b c bad d] fails -> [a b] builds; [c bad d] fails -> [c] is one (runner
+    # builds it alone), [bad d] fails -> [bad] and [d] are left to runner too
+    assert builds == [5, 2, 3, 2]
+    assert built == {"a": built["a"], "b": built["a"]}

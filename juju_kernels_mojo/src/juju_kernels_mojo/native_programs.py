@@ -99,26 +99,33 @@ def prepare(closed_jaxprs, engine) -> None:
     """Build the kernels of the programs a native kernel can run, and that
     are not built yet, as one shared library (one `mojo build`: ~3 s, plus
     the code's own compile time, instead of ~3 s each); `runner` then finds
-    them there. Where that build fails, each is built alone by `runner`
-    (and one that fails runs as a MAX graph)."""
+    them there. Where that build fails, it is split in halves, down to the
+    kernel that fails, which `runner` builds alone (and runs as a MAX graph
+    when that fails too)."""
     kernels = {}
     for closed_jaxpr in closed_jaxprs:
         plan = _plan(closed_jaxpr, engine)
         if plan is not None:
             kernels.setdefault(plan[3].name, plan[3])
-    missing = [k for k in kernels.values() if k.name not in _built and built_shared_library(
-        generated_sources(k.name, {"program.mojo": k.source}), k.name) is None]
-    if len(missing) < 2:
+    _build_together([k for k in kernels.values() if k.name not in _built and built_shared_library(
+        generated_sources(k.name, {"program.mojo": k.source}), k.name) is None])
+
+
+def _build_together(kernels: list) -> None:
+    if len(kernels) < 2:
         return
-    source = shared_source(missing)
+    source = shared_source(kernels)
     name = f"juju_natives_{hashlib.sha256(source.encode()).hexdigest()[:16]}"
     try:
         library = _library(name, source)
     except CompileError as exc:
-        loop_rules.log.info("juju: %d native kernels did not build together (%s); each "
-                            "builds alone", len(missing), str(exc).splitlines()[0])
+        loop_rules.log.info("juju: %d native kernels did not build together (%s); halves "
+                            "next", len(kernels), str(exc).splitlines()[0])
+        half = len(kernels) // 2
+        _build_together(kernels[:half])
+        _build_together(kernels[half:])
         return
-    for kernel in missing:
+    for kernel in kernels:
         _built[kernel.name] = library
 
 
