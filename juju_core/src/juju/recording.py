@@ -79,10 +79,14 @@ class RuleChoice:
 
 
 class Explanation(list):
-    """`juju.explain`'s answer: a list of `RuleChoice`s, one per equation,
-    and `notes`: what the packs' rewrite passes said of the program, one line
-    each (juju-kernels-mojo: "one generated kernel", or how many kernels and
-    MAX ops, and every equation its generator refused, with the reason)."""
+    """`juju.explain`'s answer: a list of `RuleChoice`s, one per equation.
+
+    Attributes:
+        notes: what the packs' rewrite passes said of the program, one line
+            each (juju-kernels-mojo: "one generated kernel", or how many
+            kernels and MAX ops, and every equation its generator refused,
+            with the reason).
+    """
 
     def __init__(self, choices=(), notes=()):
         super().__init__(choices)
