@@ -341,14 +341,14 @@ def test_cases_cover_every_supported_equation():
 
 
 def test_unsupported_bodies_keep_lax_loops():
-    """A body with an equation the generator does not write (top_k), and one
-    too large for scalar loops, stay MAX loops."""
-    def sorted_scan(xs):
-        return lax.scan(lambda c, x: (c + lax.top_k(x, 3)[0][0], c), 0.0, xs)
+    """A body with an equation the generator does not write (an FFT: complex
+    values), and one too large for its loops, stay MAX loops."""
+    def spectrum_scan(xs):
+        return lax.scan(lambda c, x: (c + jnp.abs(jnp.fft.rfft(x))[0], c), 0.0, xs)
 
-    def big(xs, w):
-        return lax.scan(lambda h, x: (jnp.tanh(w @ h + x), None), xs[0], xs)
+    def big(xs):  # 90,000 elements an iteration: past loop_rules.MAX_WORK
+        return lax.scan(lambda h, x: (jnp.tanh(h * x + x), None), xs[0], xs)
 
-    for fn, args in ((sorted_scan, (normal(4, 100),)), (big, (normal(3, 512), normal(512, 512)))):
+    for fn, args in ((spectrum_scan, (normal(4, 100),)), (big, (normal(3, 300, 300),))):
         loops = {(c.pack, c.rule) for c in juju.explain(fn, *args) if c.primitive == "scan"}
         assert loops == {("lax", "lower_scan")}, loops

@@ -359,7 +359,7 @@ def test_cli_version_json_hooks_and_did_you_mean():
     assert "jaxpr_rewrites" in nn_line  # the nn pack's rewrite is visible
     packs = {p["name"]: p for p in json.loads(run_cli("--json").stdout)["packs"]}
     assert packs["mojo"]["kernel_libraries"] == ["juju_kernels_mojo", "juju_linalg", "juju_sequence",
-                                                "juju_blas"]
+                                                "juju_blas", "juju_fft"]
     assert "juju_jaxpr_rewrites" in packs["nn"]["hooks"] and packs["lax"]["rules"] > 100
     which = run_cli("which", "sin")
     assert "priority GENERIC (0)" in which.stdout
