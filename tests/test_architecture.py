@@ -15,7 +15,9 @@ PACKAGES = {"juju": ROOT / "juju_core" / "src" / "juju", "benchmarks": ROOT / "b
 MAX_LINES = 500
 # Modules allowed past MAX_LINES, each one concern that reads better whole
 # (docs/architecture.md says why). None today.
-LONG_MODULES: dict[str, str] = {}
+LONG_MODULES: dict[str, str] = {
+    "juju.host": "staged programs: their plan, steps and staged Lowered (docs/architecture.md)",
+}
 
 
 def modules(package: str, folder: Path) -> dict[str, Path]:

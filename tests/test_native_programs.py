@@ -171,6 +171,7 @@ def test_a_batch_that_fails_to_build_is_split_down_to_the_failing_kernel(monkeyp
     class Kernel:
         def __init__(self, name):
             self.name, self.source = name, f"fn {name}(): pass\n"
+            self.preludes = ()  # a generated kernel's imports and helpers: none here
 
     builds = []
 
