@@ -16,6 +16,7 @@ import argparse
 import collections
 import re
 import sys
+import time
 import traceback
 
 import jax
@@ -99,9 +100,12 @@ def census(items) -> tuple[collections.Counter, dict, collections.Counter]:
     by_class: collections.Counter = collections.Counter()
     examples: dict[str, str] = {}
     paths: collections.Counter = collections.Counter()
+    started = time.perf_counter()
     for count, (name, plans) in enumerate(items, 1):
-        if count % 250 == 0:
-            print(f"  ... {count} programs", file=sys.stderr, flush=True)
+        took, started = time.perf_counter() - started, time.perf_counter()
+        # One line per program as it is placed: a long run shows where it is.
+        print(f"  {count} {name}: {_describe(plans)[:160]} ({took:.1f} s)",
+              file=sys.stderr, flush=True)
         if isinstance(plans, str):
             paths[plans.split(":")[0]] += 1
             continue
