@@ -37,6 +37,17 @@ OWN_MODULE = {
     "select_and_scatter_add": _POOLING,
     "rng_bit_generator": "tests/test_rng_bit_generator.py",
 }
+# Groups tests/test_lax_rules.py draws examples of in its one graph (float32,
+# int32, bool); the full conformance run covers their other dtypes. On a
+# cold MAX cache each harness here costs CI a compile of its own.
+_LAX_RULES = "tests/test_lax_rules.py"
+OWN_MODULE |= dict.fromkeys((
+    "abs", "add", "and", "argmax", "argmin", "broadcast_in_dim", "ceil", "concatenate",
+    "convert_element_type", "cos", "div", "dot_general", "eq", "exp", "expm1", "floor", "ge",
+    "gt", "integer_pow", "iota", "le", "log", "log1p", "logistic", "lt", "max", "min", "mul",
+    "ne", "neg", "or", "pad", "pow", "reduce_max", "reduce_min", "reduce_prod", "reduce_sum",
+    "reshape", "round", "rsqrt", "select_n", "sign", "sin", "slice", "sqrt", "squeeze", "sub",
+    "tan", "tanh", "transpose", "xor"), _LAX_RULES)
 
 
 def _sample() -> list[str]:
@@ -60,7 +71,7 @@ def results():
 
 
 def test_sample_covers_every_other_group():
-    assert len(SAMPLE) >= 115
+    assert len(SAMPLE) >= 60
     for module in set(OWN_MODULE.values()):
         assert (ROOT / module.split()[0]).exists(), module
 

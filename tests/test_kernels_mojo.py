@@ -509,6 +509,7 @@ GPU_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.gpu_compile  # a MAX compile for a virtual GPU: minutes on a cold cache
 def test_kernels_compile_for_gpu_without_a_gpu():
     proc = subprocess.run(
         [sys.executable, "-c", GPU_SCRIPT], capture_output=True, text=True, timeout=600

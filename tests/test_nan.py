@@ -288,8 +288,11 @@ def _case_args(case, dtype_name):
 
 
 # float16 and bfloat16 compute through float32 (casts MAX does not fold): the
-# full tier checks them; CI runs float32 and float64.
+# full tier checks them. CI runs every case in float32, and in float64 the
+# cases whose float64 kernels differ in accuracy (exp, pow): a cold MAX
+# compile of all 18 cases in float64 costs CI about 15 minutes.
 FULL_DTYPES = ("float16", "bfloat16")
+CI_FLOAT64_CASES = ("issue_example", "math", "powers")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -322,7 +325,7 @@ F64_POW_TOLERANCE = dict(rtol=1e-9, atol=1e-12)
 
 def _param(case, dtype_name):
     marks = []
-    if dtype_name in FULL_DTYPES:
+    if dtype_name in FULL_DTYPES or (dtype_name == "float64" and case not in CI_FLOAT64_CASES):
         marks.append(pytest.mark.full)
     return pytest.param(case, dtype_name, marks=marks, id=f"{case}-{dtype_name}")
 
