@@ -47,6 +47,9 @@ def _traced(fn, args, x64: bool = False) -> list[placement.Plan] | str:
     return [placement.place(closed.jaxpr)[1]]
 
 
+_CALLBACKS = {"pure_callback", "io_callback", "debug_callback"}  # lifted out when lowered
+
+
 def programs_tier():
     """(name, plan) for each program of tests/programs, at each size."""
     from tests.programs.registry import load_all
@@ -56,7 +59,14 @@ def programs_tier():
             label = name if size is None else f"{name}[{size}]"
             try:
                 fn, args = prog.build() if size is None else prog.build(size)
-                yield label, _placed(fn, args)
+                # Placed as traced; a program with host callbacks as lowered
+                # (one plan per MAX segment). Lowering a program without them
+                # would build its kernel, and a MAX-only program's jaxpr is
+                # rewritten again by other packs after placement.
+                plans = _traced(fn, args)
+                with_callbacks = isinstance(plans, str) or any(
+                    r.primitive in _CALLBACKS for r in plans[0].refusals)
+                yield label, _placed(fn, args) if with_callbacks else plans
             except Exception as exc:  # a library missing, a builder failing
                 yield label, f"not traced: {type(exc).__name__}: {exc}"[:200]
 
