@@ -63,3 +63,22 @@ def test_transposed_operands_fold_and_match_jax():
     assert before.count("dot_general") == after.count("dot_general")
     assert_same(juju.jit(transposed_operands)(*OPERAND_ARGS),
                 jax.jit(transposed_operands)(*OPERAND_ARGS), rtol=1e-5, atol=1e-5)
+
+
+def test_literal_operands_are_left_alone():
+    """A dot_general with a Literal operand (a scalar constant, which jax
+    inlines) is not a transpose's: the rewrite skips it (it raised
+    `unhashable type: 'Literal'`, failing every program with one, such as
+    the factorizations of tests/test_linalg_kernels.py)."""
+    from jax import lax
+
+    def scaled(x):
+        return lax.dot_general(x, np.float32(2.0), (((), ()), ((), ()))), x.T @ x
+
+    closed = jax.make_jaxpr(scaled)(ARGS[0])
+    assert any(isinstance(v, jax.extend.core.Literal) for e in closed.jaxpr.eqns
+               if e.primitive.name == "dot_general" for v in e.invars)
+    folded = fold_transposed_operands(closed)
+    # the other dot's transposed operand still folds
+    assert [e.primitive.name for e in folded.jaxpr.eqns].count("transpose") == 0
+    assert_same(juju.jit(scaled)(ARGS[0]), jax.jit(scaled)(ARGS[0]))

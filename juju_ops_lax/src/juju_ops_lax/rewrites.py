@@ -82,6 +82,8 @@ def fold_transposed_operands(closed: ClosedJaxpr) -> ClosedJaxpr:
             continue
         dot = e
         for index, operand in enumerate(e.invars):
+            if not isinstance(operand, Var):  # a Literal (unhashable): no transpose made it
+                continue
             transpose = transposes.get(operand)
             if transpose is None or uses[operand] != 1:
                 continue
