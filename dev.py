@@ -239,6 +239,18 @@ def _parallel(pytest_args: list[str]) -> list[str]:
     return ["-n", str(min(os.cpu_count() or 1, 4)), "--dist", "loadfile"]
 
 
+def _fast_tier(pytest_args: list[str]) -> list[str]:
+    """pytest options of the fast tier (CI's): its markers, and the modules in
+    parallel with the cores shared out (each test process gets its MAX
+    compile workers)."""
+    parallel = _parallel(pytest_args)
+    if parallel:
+        share = max(1, (os.cpu_count() or 1) // int(parallel[1]))
+        os.environ.setdefault("JUJU_COMPILE_WORKERS", str(share))
+    return ["-m", "not full and not programs and not fuzz and not processes and not gpu_compile",
+            *parallel]
+
+
 def _wheel_problems(wheel_files: list[Path]) -> list[str]:
     problems = []
     for path in wheel_files:
@@ -295,13 +307,7 @@ def main(argv: list[str]) -> int:
         return env.run(["examples/basic.py", *rest])
     if command == "test":
         env.ensure(_program_requirements(env.python))  # CI's subset of the real-programs tier
-        parallel = _parallel(rest)
-        if parallel:  # the cores shared out: each test process gets its MAX compile workers
-            share = max(1, (os.cpu_count() or 1) // int(parallel[1]))
-            os.environ.setdefault("JUJU_COMPILE_WORKERS", str(share))
-        deselected = ("not full and not programs and not fuzz and not processes "
-                      "and not gpu_compile")
-        return env.run(["-m", "pytest", "-m", deselected, *parallel, *rest])
+        return env.run(["-m", "pytest", *_fast_tier(rest), *rest])
     if command == "programs":
         env.ensure(_program_requirements(env.python,
                                          ("requirements.txt", "requirements-more.txt")))
@@ -316,7 +322,7 @@ def main(argv: list[str]) -> int:
     if command == "compat":
         env.run(["-c", "import sys, jax; print(f'[dev] compatibility tier: Python "
                        "{sys.version.split()[0]}, jax {jax.__version__}', flush=True)"])
-        code = env.run(["-m", "pytest", "-m", "not full", *_workspace()["compat-tests"], *rest])
+        code = env.run(["-m", "pytest", *_fast_tier(rest), *_workspace()["compat-tests"], *rest])
         return code or env.run(["examples/basic.py"])
     if command == "wheels":
         return wheels(env, rest)
