@@ -24,6 +24,7 @@ import numpy as np
 
 import juju
 from juju._compat import dce
+from juju.callback_lifting import has_callbacks
 from juju_kernels_mojo import placement
 
 
@@ -42,12 +43,9 @@ def _traced(fn, args, x64: bool = False) -> list[placement.Plan] | str:
     programs without host callbacks)."""
     with jax.enable_x64(x64):
         closed = dce(jax.make_jaxpr(fn)(*args))
-    if closed.jaxpr.effects or not closed.jaxpr.eqns:
-        return "not placed (effects or empty)"
+    if closed.jaxpr.effects or not closed.jaxpr.eqns or has_callbacks(closed):
+        return "not placed (effects, host callbacks or empty)"
     return [placement.place(closed.jaxpr)[1]]
-
-
-_CALLBACKS = {"pure_callback", "io_callback", "debug_callback"}  # lifted out when lowered
 
 
 def programs_tier():
@@ -64,9 +62,7 @@ def programs_tier():
                 # would build its kernel, and a MAX-only program's jaxpr is
                 # rewritten again by other packs after placement.
                 plans = _traced(fn, args)
-                with_callbacks = isinstance(plans, str) or any(
-                    r.primitive in _CALLBACKS for r in plans[0].refusals)
-                yield label, _placed(fn, args) if with_callbacks else plans
+                yield label, _placed(fn, args) if isinstance(plans, str) else plans
             except Exception as exc:  # a library missing, a builder failing
                 yield label, f"not traced: {type(exc).__name__}: {exc}"[:200]
 
@@ -112,7 +108,8 @@ def census(items) -> tuple[collections.Counter, dict, collections.Counter]:
     paths: collections.Counter = collections.Counter()
     started = time.perf_counter()
     for count, (name, plans) in enumerate(items, 1):
-        took, started = time.perf_counter() - started, time.perf_counter()
+        now = time.perf_counter()
+        took, started = now - started, now
         # One line per program as it is placed: a long run shows where it is.
         print(f"  {count} {name}: {_describe(plans)[:160]} ({took:.1f} s)",
               file=sys.stderr, flush=True)

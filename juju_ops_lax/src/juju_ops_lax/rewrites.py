@@ -34,7 +34,8 @@ def fold_transposed_dots(closed: ClosedJaxpr) -> ClosedJaxpr:
     dots = {e.outvars[0]: e for e in jaxpr.eqns if e.primitive is P.dot_general_p}
     folded = {}  # id(transpose eqn) -> the swapped dot computing its result
     for e in jaxpr.eqns:
-        source = e.invars[0] if e.primitive is P.transpose_p else None
+        transposed = e.primitive is P.transpose_p and isinstance(e.invars[0], Var)
+        source = e.invars[0] if transposed else None  # a Literal is unhashable: no dot made it
         dot = dots.get(source)
         if (dot is None or tuple(e.params["permutation"]) != (1, 0) or uses[source] != 1
                 or not _swappable(dot)):
