@@ -31,7 +31,7 @@ to its writer, `writer(emitter, prim, ins, outs, **params)`):
 
 from juju_kernels_mojo.codegen import (control_flow, conv, dot, elementwise, indexing, prng,
                                        reductions, sort, structural, windows)
-from juju_kernels_mojo.codegen.emitter import EQUATIONS, PARTS_CARRIERS, Emitter
+from juju_kernels_mojo.codegen.emitter import EQUATIONS, FORWARDING, PARTS_CARRIERS, Emitter
 from juju_kernels_mojo.codegen.mojo import Unsupported
 from juju_kernels_mojo.codegen.source import LoopKernel, loop_source, shared_source
 
@@ -39,5 +39,6 @@ for _family in (elementwise, structural, indexing, reductions, dot, control_flow
                 conv, sort):
     EQUATIONS.update(_family.EQUATIONS)
 PARTS_CARRIERS.update(control_flow.PARTS_CARRIERS)
+FORWARDING.update(control_flow.FORWARDING)
 
 __all__ = ["EQUATIONS", "Emitter", "LoopKernel", "Unsupported", "loop_source", "shared_source"]

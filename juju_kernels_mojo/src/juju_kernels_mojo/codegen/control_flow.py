@@ -15,14 +15,22 @@ from juju_kernels_mojo.codegen.mojo import strides as row_major
 
 
 def call(emitter, prim, ins, outs, **params):
-    jaxpr = params.get("jaxpr", params.get("call_jaxpr"))
-    for src, dst in zip(emitter.jaxpr(jaxpr, ins), outs, strict=True):
+    for src, dst in zip(call_results(emitter, ins, params), outs, strict=True):
         emitter.copy(src, dst)
 
 
 def identity(emitter, prim, ins, outs, **params):
     for src, dst in zip(ins, outs, strict=True):
         emitter.copy(src, dst)
+
+
+def call_results(emitter, ins, params) -> list:
+    """A call's results where its body computed them."""
+    return emitter.jaxpr(params.get("jaxpr", params.get("call_jaxpr")), ins)
+
+
+def identity_results(emitter, ins, params) -> list:
+    return list(ins)
 
 
 def cond(emitter, prim, ins, outs, *, branches, **params):
@@ -128,3 +136,8 @@ EQUATIONS = {
 }
 #: These pass values through as they are (into sub-jaxprs, or copied whole).
 PARTS_CARRIERS = {call, identity, cond, scan, while_loop}
+#: Values are immutable, so a call's or an identity's outputs are bound to
+#: the values it returns, uncopied (a copy of a 16M-element result was a
+#: pass over 64 MB).
+FORWARDING = {prim: call_results if method is call else identity_results
+              for prim, method in EQUATIONS.items() if method in (call, identity)}

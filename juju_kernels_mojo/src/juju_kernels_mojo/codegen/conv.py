@@ -76,8 +76,9 @@ def conv_general_dilated(emitter, prim, ins, outs, *, window_strides, padding, l
     width = VECTOR_BYTES // out.dtype.itemsize
     features = out.shape[of]
     vectorized = feature_group_count == 1 and ost[of] == 1 and rst[ro] == 1 and features >= width
+    work = out.size * per_group_in * math.prod(kernel)
     if not vectorized:
-        emitter.nest(out.shape, scalar)
+        emitter.nest(out.shape, scalar, parallel=True, work=work)
     else:
         # Output features contiguous in both the output and the kernel (NHWC
         # and HWIO, as flax and haiku lay them out): a SIMD vector of them
@@ -100,7 +101,8 @@ def conv_general_dilated(emitter, prim, ins, outs, *, window_strides, padding, l
                 with emitter.block(f"for {rest} in range({main}, {features}):"):
                     scalar([rest if d == of else i for d, i in enumerate(idx)])
 
-        emitter.nest([1 if d == of else size for d, size in enumerate(out.shape)], vectors)
+        emitter.nest([1 if d == of else size for d, size in enumerate(out.shape)], vectors,
+                     parallel=True, work=work)
     # Scalar multiply-adds count twice against vectorized element operations.
     emitter.work += (1 if vectorized else 2) * out.size * per_group_in * math.prod(kernel)
 

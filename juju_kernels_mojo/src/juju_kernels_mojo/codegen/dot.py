@@ -84,7 +84,7 @@ def dot_general(emitter, prim, ins, outs, *, dimension_numbers, precision=None,
                 scalar_dot(emitter, out, lhs, rhs, [*idx, j], contract, operand, load,
                                 (ls, lf, lb, lc, idx_l), (rs, rf, rb, rc, [*idx_r, j]))
 
-        emitter.nest(outer, body)
+        emitter.nest(outer, body, parallel=True, work=out.size * math.prod(contract))
         return
 
     def body(idx):
@@ -92,7 +92,7 @@ def dot_general(emitter, prim, ins, outs, *, dimension_numbers, precision=None,
                         (ls, lf, lb, lc, idx[nb:nb + len(lf)]),
                         (rs, rf, rb, rc, idx[nb + len(lf):]))
 
-    emitter.nest(out.shape, body)
+    emitter.nest(out.shape, body, parallel=True, work=out.size * math.prod(contract))
 
 
 def scalar_dot(emitter, out, lhs, rhs, idx, contract, operand, load, left, right):

@@ -49,7 +49,7 @@ def elementwise(emitter, prim, ins, outs, **params):
             args.append(x.at(index_expr(idx, broadcast_strides(x.shape)) if x.shape else "0"))
         element(emitter, prim, ins, out, args, index_expr(idx, out_st), dt, params)
 
-    emitter.nest(out.shape, body)
+    emitter.nest(out.shape, body, parallel=True)
 
 
 def vector_elementwise(emitter, prim, ins, out, dt) -> int:

@@ -32,6 +32,9 @@ EQUATIONS: dict = {}
 #: Writers that pass values through as they are (into sub-jaxprs, or copied
 #: whole): they take `Parts` (keys, complex numbers) like any value.
 PARTS_CARRIERS: set = set()
+#: primitive -> f(emitter, ins, params) -> its results, bound to its outputs
+#: without copies (calls and identities: control_flow.FORWARDING).
+FORWARDING: dict = {}
 
 
 class Emitter:
@@ -101,12 +104,21 @@ class Emitter:
             lines.append(f"var {name} = {name}_list.unsafe_ptr()")
         return lines
 
-    def nest(self, shape, body) -> None:
-        """Loops over `shape` (row-major), calling body(index names) inside."""
+    def nest(self, shape, body, parallel: bool = False, work: int | None = None) -> None:
+        """Loops over `shape` (row-major), calling body(index names) inside.
+        `parallel`: iterations of the outermost loop write disjoint outputs,
+        so where the work (element operations, the shape's size by default)
+        is large, its range is split over the cores (`split`)."""
         names = ["0" if dim == 1 else self.fresh("i") for dim in shape]
+        work = math.prod(shape) if work is None else work
         with contextlib.ExitStack() as stack:
-            for name, dim in zip(names, shape):
-                if dim != 1:
+            for d, (name, dim) in enumerate(zip(names, shape)):
+                if dim == 1:
+                    continue
+                if parallel and not any(size != 1 for size in shape[:d]):
+                    lo, hi = stack.enter_context(self.split(dim, work=work))
+                    stack.enter_context(self.block(f"for {name} in range({lo}, {hi}):"))
+                else:
                     stack.enter_context(self.block(f"for {name} in range({dim}):"))
             body(names)
 
@@ -164,19 +176,28 @@ class Emitter:
         if dst.size == 0:
             return
         start = 0
-        if isinstance(src, Array) and convert is None and dst.dtype.kind in "fiu":
+        if isinstance(src, (Array, Const)) and convert is None and dst.dtype.kind in "fiu":
             width = VECTOR_BYTES // dst.dtype.itemsize
             start = dst.size - dst.size % width
             if start:
                 k = self.fresh("k")
+                vector = (src.load(k, width) if isinstance(src, Array) else
+                          f"SIMD[{mojo_dtype(dst.dtype)}, {width}]({src.at('0')})")
                 with self.split(start, width) as (lo, hi), \
                         self.block(f"for {k} in range({lo}, {hi}, {width}):"):
-                    self.emit(dst.store(k, src.load(k, width)))
+                    self.emit(dst.store(k, vector))
             if start == dst.size:
                 return
-        with self.each(start, dst.size) as k:
-            value = src.at(k)
-            self.emit(f"{dst.at(k)} = {convert(value) if convert else value}")
+
+        def element(k):
+            value = src.at(f"{start} + {k[0]}" if start else k[0])
+            to = f"{start} + {k[0]}" if start else k[0]
+            self.emit(f"{dst.at(to)} = {convert(value) if convert else value}")
+
+        if dst.size - start == 1:
+            element([str(0)])
+        else:
+            self.nest([dst.size - start], element, parallel=True)
 
     # -- jaxprs ------------------------------------------------------------------
 
@@ -207,20 +228,32 @@ class Emitter:
                 for v in (*eqn.invars, *eqn.outvars):
                     self.check_aval(v.aval)
                 stop = fusion.run_end(eqns, start, read)
-                if stop - start >= 2:  # one loop for the run
+                if stop > start:  # one loop for the run, on the cores where it is large
                     live = {v for e in eqns[start:stop] for v in e.outvars
                             if last_use.get(v, -1) >= stop}
                     env.update(fusion.fused(self, eqns[start:stop], read, live))
                     start = stop
                     continue
                 ins = [read(a) for a in eqn.invars]
-                outs = [self.value(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
-                self.equation(eqn.primitive, ins, outs, eqn.params,
-                              [v.aval for v in eqn.invars], [v.aval for v in eqn.outvars])
+                forward = FORWARDING.get(eqn.primitive)
+                if forward is not None:
+                    outs = [self.materialized(r) for r in forward(self, ins, eqn.params)]
+                else:
+                    outs = [self.value(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
+                    self.equation(eqn.primitive, ins, outs, eqn.params,
+                                  [v.aval for v in eqn.invars], [v.aval for v in eqn.outvars])
             self.work += sum(o.size for o in outs)
             env.update(zip(eqn.outvars, outs))
             start += 1
         return [read(a) for a in jaxpr.outvars]
+
+    def materialized(self, value):
+        """`value` as a buffer: a literal copied into one, else itself."""
+        if not isinstance(value, Const):
+            return value
+        out = self.like(value)
+        self.copy(value, out)
+        return out
 
     def closed_const(self, value):
         if is_key_dtype(getattr(value, "dtype", None)):
@@ -311,7 +344,7 @@ class Emitter:
             self.emit(f"{dst.at(to)} = {src.at(at)}")
 
         if math.prod(shape):
-            self.nest(shape, body)
+            self.nest(shape, body, parallel=True)
 
     def strided(self, out: Array, src, src_strides, src_offset: str = "") -> None:
         """out[i...] = src[offset + sum(i * stride)] over out's shape."""
@@ -320,8 +353,10 @@ class Emitter:
 
     def fill(self, dst: Array, value: str) -> None:
         """dst[:] = value (a scalar expression)."""
-        with self.each(0, dst.size) as k:
-            self.emit(f"{dst.at(k)} = {value}")
+        if dst.size > 1:
+            self.nest([dst.size], lambda k: self.emit(f"{dst.at(k[0])} = {value}"), parallel=True)
+        elif dst.size:
+            self.emit(f"{dst.at('0')} = {value}")
 
     def advance(self, new, staged, carry) -> None:
         """carry = new. A value computed in the body is copied straight in;

@@ -22,6 +22,10 @@ from juju_kernels_mojo.codegen.mojo import (ELEMENTWISE, LIBM_EXP_F64, VECTOR_BY
 #: Equations fused in SIMD vectors besides VECTOR_ELEMENTWISE: max/min with
 #: XLA's NaN and signed-zero rules (FUSION_PRELUDE), integer powers.
 VECTOR_EXTRA = {P.max_p, P.min_p, P.integer_pow_p}
+#: Comparisons of floats: bool lanes, as many as the operands' (Mojo's
+#: SIMD methods; NaN compares as in the scalar form, unequal to all).
+VECTOR_COMPARISONS = {P.eq_p: "eq", P.ne_p: "ne", P.lt_p: "lt", P.le_p: "le", P.gt_p: "gt",
+                      P.ge_p: "ge"}
 
 #: Vector forms of max_nan/min_nan, written into kernels that fuse them.
 FUSION_PRELUDE = '''
@@ -60,10 +64,19 @@ def fusible(eqn, read) -> tuple | None:
 
 
 def _vector_dtype(eqn):
-    """The float dtype of an equation with a SIMD form, else None."""
-    dtypes = {np.dtype(v.aval.dtype) for v in (*eqn.invars, *eqn.outvars)}
-    if len(dtypes) != 1 or (eqn.primitive not in VECTOR_ELEMENTWISE
-                            and eqn.primitive not in VECTOR_EXTRA):
+    """The float dtype of an equation with a SIMD form (its lanes: a
+    comparison's operands', a select's cases'), else None."""
+    prim, ins = eqn.primitive, eqn.invars
+    if prim in VECTOR_COMPARISONS or prim is P.is_finite_p:
+        lanes = ins
+    elif prim is P.select_n_p and len(ins) == 3 and np.dtype(ins[0].aval.dtype) == np.bool_:
+        lanes = (*ins[1:], *eqn.outvars)  # a bool predicate, two cases
+    elif prim in VECTOR_ELEMENTWISE or prim in VECTOR_EXTRA:
+        lanes = (*ins, *eqn.outvars)
+    else:
+        return None
+    dtypes = {np.dtype(v.aval.dtype) for v in lanes}
+    if len(dtypes) != 1:
         return None
     (dt,) = dtypes
     if dt.kind != "f" or (dt == np.float64 and eqn.primitive in LIBM_EXP_F64):
@@ -152,7 +165,7 @@ def _chain(emitter, run, read, results, k: str, width: int, dt) -> None:
             return x.at("0") if x.size == 1 else x.at(k)
         name = emitter.fresh("v")
         if x.size == 1:  # a literal or a one-element array: splat
-            emitter.emit(f"var {name} = SIMD[{mojo_dtype(dt)}, {width}]({x.at('0')})")
+            emitter.emit(f"var {name} = SIMD[{mojo_dtype(x.dtype)}, {width}]({x.at('0')})")
         else:
             emitter.emit(f"var {name} = {x.load(k, width)}")
         return name
@@ -183,6 +196,12 @@ def _vector_expression(emitter, eqn, args, dt, width: int) -> str:
         if eqn.params["y"] == 0:
             return f"SIMD[{mojo_dtype(dt)}, {width}](1)"
         return elementwise.integer_pow(emitter, args[0], dt, eqn.params["y"])
+    if prim in VECTOR_COMPARISONS:
+        return f"{args[0]}.{VECTOR_COMPARISONS[prim]}({args[1]})"
+    if prim is P.is_finite_p:
+        return f"~(isnan({args[0]}) | isinf({args[0]}))"
+    if prim is P.select_n_p:  # select_n(predicate, on_false, on_true)
+        return f"{args[0]}.select({args[2]}, {args[1]})"
     if prim in (P.max_p, P.min_p):
         name = "max_nan_v" if prim is P.max_p else "min_nan_v"
         return f"{name}[{mojo_dtype(dt)}, {width}]({args[0]}, {args[1]})"

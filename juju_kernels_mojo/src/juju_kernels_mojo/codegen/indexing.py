@@ -92,7 +92,7 @@ def gather(emitter, prim, ins, outs, *, dimension_numbers, slice_sizes, indices_
 
         emitter.nest([slice_sizes[d] for d in window], inner)
 
-    emitter.nest(indices.shape[:-1], body)
+    emitter.nest(indices.shape[:-1], body, parallel=True, work=out.size)
 
 
 def scatter(emitter, prim, ins, outs, *, update_jaxpr, update_consts, dimension_numbers,

@@ -37,8 +37,9 @@ def reduce(emitter, prim, ins, outs, *, axes, out_sharding=None):
         o = out.at(index_expr(idx, out_st))
         emitter.emit(f"{o} = {combine.format(a=o, b=operand.at(index_expr(idx, src)))}")
 
-    if operand.size:
-        emitter.nest(operand.shape, body)
+    if operand.size:  # on the cores where the outermost axis is kept
+        outer = next((d for d, n in enumerate(operand.shape) if n != 1), 0)
+        emitter.nest(operand.shape, body, parallel=outer not in axes)
     emitter.work += operand.size
 
 
@@ -124,7 +125,7 @@ def argminmax(emitter, prim, ins, outs, *, axes, index_dtype):
                 emitter.emit(f"{where} = {j}")
         emitter.emit(f"{out.at(index_expr(idx, out_st))} = {scalar_type(out.dtype)}({where})")
 
-    emitter.nest(out.shape, body)
+    emitter.nest(out.shape, body, parallel=True, work=operand.size)
     emitter.work += operand.size
 
 

@@ -48,7 +48,7 @@ def tile(emitter, prim, ins, outs, *, reps):
                  for i, n, m in zip(idx, operand.shape, out.shape)]
         emitter.emit(f"{out.at(index_expr(idx, dst))} = {operand.at(index_expr(terms, src))}")
 
-    emitter.nest(out.shape, body)
+    emitter.nest(out.shape, body, parallel=True)
 
 
 def squeeze(emitter, prim, ins, outs, *, dimensions):
@@ -145,7 +145,7 @@ def iota(emitter, prim, ins, outs, *, dtype, shape, dimension, sharding=None):
         emitter.emit(f"{out.at(index_expr(idx, st))} = {value}")
 
     if out.size:
-        emitter.nest(out.shape, body)
+        emitter.nest(out.shape, body, parallel=True)
 
 
 def empty2(emitter, prim, ins, outs, *, dtype, memory_space):

@@ -52,7 +52,8 @@ def reduce_window(emitter, prim, ins, outs, *, window_dimensions, window_strides
         emitter.nest(window_dimensions, inner)
         emitter.emit(f"{out.at(index_expr(idx, dst))} = {acc}")
 
-    emitter.nest(out.shape, body)
+    emitter.nest(out.shape, body, parallel=True,
+                 work=out.size * int(np.prod(window_dimensions)))
     emitter.work += out.size * int(np.prod(window_dimensions))
 
 
