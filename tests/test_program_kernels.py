@@ -108,6 +108,20 @@ def fused_and_threaded(x, y, v):
     return x - 1e-3 * step, jnp.where(x > y, m, s), jnp.sum(step), jnp.tanh(g) ** 3
 
 
+def broadcasts_in_place(x, col, row, mask):
+    """300x256 (above the threads' minimum): columns, rows and splats read in
+    place by fused loops on the cores, float comparisons (NaN unequal to
+    itself) and bool selects in SIMD vectors, masks combined, a jitted
+    helper's results and reshapes bound without copies."""
+    helper = jax.jit(lambda a, b: jnp.where(a > b, a - b, b * 0.5))
+    z = x * col + row
+    spread = jnp.std(x, axis=1, keepdims=True)
+    keep = jnp.isfinite(x) & mask & (x != x + 1.0)
+    scaled = jnp.where(keep, (x - jnp.mean(x, axis=1, keepdims=True)) / (spread + 1e-3), -1.0)
+    cube = x[:, None, :8] * col[:, :, None] - row[:, None, :8]
+    return helper(z, row), scaled, x != x, x.reshape(256, 300)[:2] * 2.0, cube, keep | ~mask
+
+
 CASES = {
     "sgd_momentum": (sgd_momentum, (_mlp_params(), jax.tree.map(np.zeros_like, _mlp_params()))),
     "special_floats": (special_floats, (SPECIAL, SPECIAL[::-1].copy())),
@@ -117,6 +131,10 @@ CASES = {
     "fused_and_threaded": (fused_and_threaded, (np.resize(SPECIAL, 70_000) * np.float32(0.5),
                                                 rng.standard_normal(70_000).astype(np.float32),
                                                 np.resize(SPECIAL[::-1], 70_000))),
+    "broadcasts_in_place": (broadcasts_in_place, (
+        np.resize(SPECIAL, (300, 256)) * rng.standard_normal((300, 256)).astype(np.float32),
+        rng.standard_normal((300, 1)).astype(np.float32),
+        rng.standard_normal((1, 256)).astype(np.float32), rng.random((300, 256)) > 0.3)),
 }
 # The equations each case is lowered as, after the rewrite (jnp.fft's
 # calls stay calls: their bodies hold complex values, which MAX ops run).
@@ -202,8 +220,8 @@ def test_the_path_and_every_refusal_are_named(monkeypatch, caplog):
         spectrum = jnp.abs(jnp.fft.rfft(x * 2.0))[:3]
         return jnp.sort(long_row)[:3] + spectrum  # rows longer than the generator sorts
 
-    def over_the_limit(x):
-        return jnp.tanh(x @ x.T) * 2.0 + 1.0  # element work beyond the whole-program limit
+    def over_the_limit(i):  # an integer product is loops: work beyond the program limit
+        return jnp.tanh((i @ i.T).astype(jnp.float32)) * 2.0 + 1.0
 
     x, row = rng.standard_normal(8).astype(np.float32), rng.standard_normal(5000).astype(
         np.float32)
@@ -218,7 +236,7 @@ def test_the_path_and_every_refusal_are_named(monkeypatch, caplog):
     assert any(note in record.getMessage() for record in caplog.records)
     assert juju.explain(two_refusals, x, row).notes == (note,)
 
-    big = np.ones((2048, 2048), np.float32)
+    big = np.ones((1024, 1024), np.int32)
     (note,) = juju.jit(over_the_limit, tiered=False).lower(big).notes
     assert "refused: program: " in note and "element operations > the limit" in note
 

@@ -40,5 +40,6 @@ for _family in (elementwise, structural, indexing, reductions, dot, control_flow
     EQUATIONS.update(_family.EQUATIONS)
 PARTS_CARRIERS.update(control_flow.PARTS_CARRIERS)
 FORWARDING.update(control_flow.FORWARDING)
+FORWARDING.update(structural.FORWARDING)
 
 __all__ = ["EQUATIONS", "Emitter", "LoopKernel", "Unsupported", "loop_source", "shared_source"]

@@ -24,12 +24,12 @@ def identity(emitter, prim, ins, outs, **params):
         emitter.copy(src, dst)
 
 
-def call_results(emitter, ins, params) -> list:
+def call_results(emitter, ins, params, out_avals=None) -> list:
     """A call's results where its body computed them."""
     return emitter.jaxpr(params.get("jaxpr", params.get("call_jaxpr")), ins)
 
 
-def identity_results(emitter, ins, params) -> list:
+def identity_results(emitter, ins, params, out_avals=None) -> list:
     return list(ins)
 
 

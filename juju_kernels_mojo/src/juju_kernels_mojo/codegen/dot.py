@@ -1,7 +1,8 @@
-"""dot_general. A large float32/float64 product whose operands are (batched)
-matrices in memory, as they lie or transposed, calls the `?gemm` of the
-BLAS numpy ships (`juju_kernels_mojo.blas`; split in blocks over the cores
-where it is large), as XLA calls Eigen's: a scan whose body multiplies by a
+"""dot_general. A large float32/float64 product calls the `?gemm` of the
+BLAS numpy ships (operands whose axes are not (batched) matrices as they
+lie or transposed are copied to such a layout first, as XLA transposes
+attention's heads; `juju_kernels_mojo.blas`, split in blocks over the
+cores where it is large), as XLA calls Eigen's: a scan whose body multiplies by a
 256-wide matrix (an LSTM) then runs at XLA's speed, where loops ran it at a
 tenth. Anything else is loops: each output element an ordered sum over the
 contraction, in SIMD vectors along the output's last axis or along a
@@ -129,9 +130,9 @@ def scalar_dot(emitter, out, lhs, rhs, idx, contract, operand, load, left, right
 
 
 def _gemm(emitter, lhs, rhs, out, dimension_numbers) -> bool:
-    """out = lhs . rhs through the BLAS, where it is large, of one float
-    dtype, and both operands are [B, M, K] or [B, K, M] and [B, K, N] or
-    [B, N, K] as they lie (batch axes leading, in order); else False."""
+    """out = lhs . rhs through the BLAS where it is large and of one float
+    dtype (else False): operands that are not [B, M, K] or [B, K, M] and
+    [B, K, N] or [B, N, K] as they lie are copied to that layout first."""
     (lc, rc), (lb, rb) = dimension_numbers
     if not (isinstance(lhs, Array) and isinstance(rhs, Array)
             and lhs.dtype == rhs.dtype == out.dtype and out.dtype in (np.float32, np.float64)):
@@ -139,20 +140,39 @@ def _gemm(emitter, lhs, rhs, out, dimension_numbers) -> bool:
     k = math.prod(lhs.shape[d] for d in lc)
     if out.size * k < BLAS_MIN_WORK or not k:
         return False
-    ta = _matrix(len(lhs.shape), lb, lc, contract_last=True)
-    tb = _matrix(len(rhs.shape), rb, rc, contract_last=False)
     library = blas.find()
-    if ta is None or tb is None or library is None:
+    if library is None:
         return False
     batch = math.prod(lhs.shape[d] for d in lb)
-    m = math.prod(d for i, d in enumerate(lhs.shape) if i not in lb and i not in lc)
-    n = math.prod(d for i, d in enumerate(rhs.shape) if i not in rb and i not in rc)
+    m = math.prod(lhs.shape[d] for d in _free(lhs, lb, lc))
+    n = math.prod(rhs.shape[d] for d in _free(rhs, rb, rc))
+    ta = _matrix(len(lhs.shape), lb, lc, contract_last=True)
+    tb = _matrix(len(rhs.shape), rb, rc, contract_last=False)
+    if ta is None:  # e.g. attention's [B, T, H, D] heads: copied as [B, H, T, D] first
+        lhs, ta = _canonical(emitter, lhs, [*lb, *_free(lhs, lb, lc), *lc]), False
+    if tb is None:
+        rhs, tb = _canonical(emitter, rhs, [*rb, *rc, *_free(rhs, rb, rc)]), False
     symbol = library.sgemm if out.dtype == np.float32 else library.dgemm
     emitter.threads = True
     emitter.emit(f'blas_gemm[{mojo_dtype(out.dtype)}, "{library.path}", "{symbol}", '
                  f'{library.ilp64}]({ta}, {tb}, {batch}, {m}, {n}, {k}, {lhs.address()}, '
                  f'{rhs.address()}, {out.address()})')
     return True
+
+
+def _free(x, batch, contract) -> list[int]:
+    return [d for d in range(len(x.shape)) if d not in batch and d not in contract]
+
+
+def _canonical(emitter, x, order) -> Array:
+    """`x` with its axes in `order` (batch, then the matrices' axes), a copy:
+    O(size) moves where the loops' product is O(m n k) multiply-adds."""
+    shape = [x.shape[d] for d in order]
+    src = row_major(x.shape)
+    out = emitter.scratch(shape, x.dtype)
+    emitter.copy_strided(shape, out, row_major(shape), x, [src[d] for d in order])
+    emitter.work += x.size
+    return out
 
 
 def _matrix(rank: int, batch, contract, contract_last: bool) -> bool | None:

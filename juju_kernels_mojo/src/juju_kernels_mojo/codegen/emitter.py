@@ -32,8 +32,9 @@ EQUATIONS: dict = {}
 #: Writers that pass values through as they are (into sub-jaxprs, or copied
 #: whole): they take `Parts` (keys, complex numbers) like any value.
 PARTS_CARRIERS: set = set()
-#: primitive -> f(emitter, ins, params) -> its results, bound to its outputs
-#: without copies (calls and identities: control_flow.FORWARDING).
+#: primitive -> f(emitter, ins, params, out_avals) -> its results, bound to
+#: its outputs without copies, or None (written as usual): calls and
+#: identities (control_flow.FORWARDING), reshapes (structural.FORWARDING).
 FORWARDING: dict = {}
 
 
@@ -227,18 +228,21 @@ class Emitter:
             with fusion.named(eqn):
                 for v in (*eqn.invars, *eqn.outvars):
                     self.check_aval(v.aval)
-                stop = fusion.run_end(eqns, start, read)
+                forward = FORWARDING.get(eqn.primitive)
+                results = None if forward is None else forward(
+                    self, [read(a) for a in eqn.invars], eqn.params,
+                    [v.aval for v in eqn.outvars])
+                stop = start if results is not None else fusion.run_end(eqns, start, read)
                 if stop > start:  # one loop for the run, on the cores where it is large
                     live = {v for e in eqns[start:stop] for v in e.outvars
                             if last_use.get(v, -1) >= stop}
                     env.update(fusion.fused(self, eqns[start:stop], read, live))
                     start = stop
                     continue
-                ins = [read(a) for a in eqn.invars]
-                forward = FORWARDING.get(eqn.primitive)
-                if forward is not None:
-                    outs = [self.materialized(r) for r in forward(self, ins, eqn.params)]
+                if results is not None:
+                    outs = [self.materialized(r) for r in results]
                 else:
+                    ins = [read(a) for a in eqn.invars]
                     outs = [self.value(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
                     self.equation(eqn.primitive, ins, outs, eqn.params,
                                   [v.aval for v in eqn.invars], [v.aval for v in eqn.outvars])

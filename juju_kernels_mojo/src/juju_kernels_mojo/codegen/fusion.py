@@ -17,15 +17,18 @@ from juju._compat import Literal, source_line
 from juju_kernels_mojo.codegen import elementwise
 from juju_kernels_mojo.codegen.mojo import (ELEMENTWISE, LIBM_EXP_F64, VECTOR_BYTES,
                                             VECTOR_ELEMENTWISE, Array, Const, Unsupported,
-                                            binary_expression, mojo_dtype, unary_expression)
+                                            add_offsets, binary_expression, index_expr,
+                                            mojo_dtype, unary_expression)
+from juju_kernels_mojo.codegen.mojo import strides as row_major
 
 #: Equations fused in SIMD vectors besides VECTOR_ELEMENTWISE: max/min with
 #: XLA's NaN and signed-zero rules (FUSION_PRELUDE), integer powers.
 VECTOR_EXTRA = {P.max_p, P.min_p, P.integer_pow_p}
 #: Comparisons of floats: bool lanes, as many as the operands' (Mojo's
-#: SIMD methods; NaN compares as in the scalar form, unequal to all).
-VECTOR_COMPARISONS = {P.eq_p: "eq", P.ne_p: "ne", P.lt_p: "lt", P.le_p: "le", P.gt_p: "gt",
-                      P.ge_p: "ge"}
+#: SIMD methods, ordered: NaN compares unequal to all, and `ne` is `eq`'s
+#: negation since SIMD.ne is false on NaN, where the scalar != is true).
+VECTOR_COMPARISONS = {P.eq_p: "{a}.eq({b})", P.ne_p: "~{a}.eq({b})", P.lt_p: "{a}.lt({b})",
+                      P.le_p: "{a}.le({b})", P.gt_p: "{a}.gt({b})", P.ge_p: "{a}.ge({b})"}
 
 #: Vector forms of max_nan/min_nan, written into kernels that fuse them.
 FUSION_PRELUDE = '''
@@ -42,13 +45,25 @@ def min_nan_v[dt: DType, w: Int](a: SIMD[dt, w], b: SIMD[dt, w]) -> SIMD[dt, w]:
 '''
 
 
+#: Lanes that take the width of the run they join (bool masks, bitwise
+#: logic): they join any run of their shape.
+ANY_LANES = "*"
+#: Bitwise logic, a SIMD form for bools and integers.
+VECTOR_LOGIC = {P.and_p: "&", P.or_p: "|", P.xor_p: "^"}
+
+
 def fusible(eqn, read) -> tuple | None:
-    """What a fused run of this elementwise equation is keyed by: its shape
-    and the dtype its SIMD form computes in (None: it has none, it joins a
-    scalar run); None where it cannot join a run (operands neither of that
-    shape nor of one element, or made of parts)."""
-    if eqn.primitive not in ELEMENTWISE or len(eqn.outvars) != 1:
+    """What a fused run of this equation is keyed by: its shape and the
+    dtype its SIMD form computes in (None: it has none, it joins a scalar
+    run; ANY_LANES: it joins any); None where it cannot join a run.
+    Elementwise equations and `broadcast_in_dim` join: each operand is of
+    the run's shape, of one element, or broadcast to it along axes of
+    size 1 (read in place, as XLA's loop fusion reads a broadcast)."""
+    prim = eqn.primitive
+    if len(eqn.outvars) != 1 or (prim not in ELEMENTWISE and prim is not P.broadcast_in_dim_p):
         return None
+    if prim is P.broadcast_in_dim_p and len(eqn.invars) != 1:
+        return None  # a dynamic shape
     try:  # complex values (parts) and keys are written apart
         for v in (*eqn.invars, *eqn.outvars):
             mojo_dtype(v.aval.dtype)
@@ -57,17 +72,39 @@ def fusible(eqn, read) -> tuple | None:
     shape = tuple(eqn.outvars[0].aval.shape)
     for atom in eqn.invars:
         x = read(atom)
-        if not isinstance(x, (Array, Const)) or (x.shape != shape and x.size != 1):
+        if not isinstance(x, (Array, Const)):
+            return None
+        expanded = operand_shape(eqn, x, shape)
+        if expanded is None or any(b not in (1, s) for b, s in zip(expanded, shape)):
             return None
     dt = _vector_dtype(eqn)  # by name: numpy's dtype('float64') == None is True
-    return shape, None if dt is None else dt.name
+    return shape, dt if dt is None or dt is ANY_LANES else dt.name
+
+
+def operand_shape(eqn, x, shape) -> tuple | None:
+    """`x`'s shape as the equation reads it against its output's `shape`
+    (equal rank; None where it is neither that nor one element)."""
+    if x.size == 1:
+        return (1,) * len(shape)
+    if eqn.primitive is P.broadcast_in_dim_p:
+        expanded = [1] * len(shape)
+        for i, d in enumerate(eqn.params["broadcast_dimensions"]):
+            expanded[d] = x.shape[i]
+        return tuple(expanded)
+    return tuple(x.shape) if len(x.shape) == len(shape) else None
 
 
 def _vector_dtype(eqn):
     """The float dtype of an equation with a SIMD form (its lanes: a
-    comparison's operands', a select's cases'), else None."""
+    comparison's operands', a select's cases'), ANY_LANES, or None."""
     prim, ins = eqn.primitive, eqn.invars
-    if prim in VECTOR_COMPARISONS or prim is P.is_finite_p:
+    dtypes = {np.dtype(v.aval.dtype) for v in (*ins, *eqn.outvars)}
+    if prim is P.broadcast_in_dim_p or (prim in VECTOR_LOGIC or prim is P.not_p):
+        (dt,) = dtypes
+        if dt.kind in "biu" or prim is not P.broadcast_in_dim_p:
+            return ANY_LANES if dt.kind in "biu" else None
+        lanes = ins
+    elif prim in VECTOR_COMPARISONS or prim is P.is_finite_p:
         lanes = ins
     elif prim is P.select_n_p and len(ins) == 3 and np.dtype(ins[0].aval.dtype) == np.bool_:
         lanes = (*ins[1:], *eqn.outvars)  # a bool predicate, two cases
@@ -89,10 +126,26 @@ def run_end(eqns, start: int, read) -> int:
     key = fusible(eqns[start], read)
     if key is None or not np.prod(key[0], dtype=np.int64):
         return start
+    shape, lanes = key
     stop = start + 1
-    while stop < len(eqns) and fusible(eqns[stop], _known(read, eqns[start:stop])) == key:
+    while stop < len(eqns):
+        next_key = fusible(eqns[stop], _known(read, eqns[start:stop]))
+        if next_key is None or next_key[0] != shape:
+            break
+        if lanes != ANY_LANES and next_key[1] != ANY_LANES and next_key[1] != lanes:
+            break
+        lanes = next_key[1] if lanes == ANY_LANES else lanes
         stop += 1
     return stop
+
+
+def _run_dtype(run):
+    """The dtype of a run's SIMD lanes, or None (scalars)."""
+    for eqn in run:
+        dt = _vector_dtype(eqn)
+        if dt is not ANY_LANES:
+            return dt
+    return None
 
 
 def _known(read, run):
@@ -115,29 +168,122 @@ def fused(emitter, run, read, live) -> dict:
         with named(eqn):
             for v in (*eqn.invars, *eqn.outvars):
                 emitter.check_aval(v.aval)
-            elementwise.check(eqn.primitive, np.dtype(eqn.invars[0].aval.dtype))
+            if eqn.primitive is not P.broadcast_in_dim_p:
+                elementwise.check(eqn.primitive, np.dtype(eqn.invars[0].aval.dtype))
     shape = tuple(run[0].outvars[0].aval.shape)
     n = int(np.prod(shape, dtype=np.int64))
-    dt = _vector_dtype(run[0])  # the same for the whole run (`run_end`)
-    vector = dt is not None
+    dt = _run_dtype(run)
     results = {v: emitter.value(v.aval.shape, v.aval.dtype)
                for e in run for v in e.outvars if v in live}
-    width = VECTOR_BYTES // dt.itemsize if vector else 1
-    body = n - n % width if vector else 0
+    width = VECTOR_BYTES // dt.itemsize if dt is not None else 1
+    dims, patterns = _coalesced(run, read, shape)
+    if len(dims) < 2:  # every operand whole or one element: one flat loop
+        _flat(emitter, run, read, results, n, width, dt)
+    else:
+        _rows(emitter, run, read, results, dims, patterns, width, dt)
+    emitter.work += n  # one pass over the elements, whatever the run's length
+    return results
+
+
+def _flat(emitter, run, read, results, n: int, width: int, dt) -> None:
+    def at(k):
+        return lambda eqn, atom, x: ("0", False) if x.size == 1 else (k, True)
+
+    body = n - n % width if dt is not None else 0
     if body:
         emitter.fusion = True
         k = emitter.fresh("k")
         with emitter.split(body, width) as (lo, hi), \
                 emitter.block(f"for {k} in range({lo}, {hi}, {width}):"):
-            _chain(emitter, run, read, results, k, width, dt)
+            _chain(emitter, run, read, results, at(k), k, width, dt)
     if body < n:
         k = emitter.fresh("k")
         with emitter.split(n - body, work=n - body) as (lo, hi), \
                 emitter.block(f"for {k} in range({body} + {lo}, {body} + {hi}):"
                               if body else f"for {k} in range({lo}, {hi}):"):
-            _chain(emitter, run, read, results, k, 1, None)
-    emitter.work += n  # one pass over the elements, whatever the run's length
-    return results
+            _chain(emitter, run, read, results, at(k), k, 1, None)
+
+
+def _coalesced(run, read, shape) -> tuple[list, dict]:
+    """The run's iteration space with adjacent axes merged where every
+    operand is whole along both or broadcast along both (axes of size 1
+    dropped), and each broadcast operand's pattern over it (True: whole)."""
+    made = {v for e in run for v in e.outvars}
+    reads = {}
+    for eqn in run:
+        for atom in eqn.invars:
+            if isinstance(atom, Literal) or atom in made:
+                continue
+            x = read(atom)
+            if x.size != 1 and x.size != int(np.prod(shape, dtype=np.int64)):
+                reads[(id(eqn), atom)] = operand_shape(eqn, x, shape)
+    axes = [d for d, size in enumerate(shape) if size != 1]
+    if not reads:
+        return [int(np.prod(shape, dtype=np.int64))], {}
+    groups: list[list[int]] = []
+    for d in axes:
+        same = groups and all((e[d] != 1) == (e[groups[-1][-1]] != 1) for e in reads.values())
+        if same:
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    dims = [int(np.prod([shape[d] for d in g])) for g in groups]
+    patterns = {key: [e[g[0]] != 1 for g in groups] for key, e in reads.items()}
+    return dims, patterns
+
+
+def _rows(emitter, run, read, results, dims, patterns, width: int, dt) -> None:
+    """The run over `dims` (coalesced): rows of the last axis, SIMD along
+    it, each broadcast operand read at its own row (a splat where the last
+    axis is broadcast); the outer axes split over the cores."""
+    out_st = row_major(dims)
+    strides = {key: _pattern_strides(dims, whole) for key, whole in patterns.items()}
+    last = dims[-1]
+    body = last - last % width if dt is not None else 0
+
+    def row(idx):
+        base = index_expr(idx, out_st[:-1])
+        bases = {key: index_expr(idx, st[:-1]) for key, st in strides.items()}
+
+        def at(j):
+            flat = add_offsets(base, j)
+
+            def locate(eqn, atom, x):
+                if x.size == 1:
+                    return "0", False
+                key = None if isinstance(atom, Literal) else (id(eqn), atom)
+                if key not in patterns:
+                    return flat, True
+                if patterns[key][-1]:
+                    return add_offsets(bases[key], j), True
+                return bases[key], False
+
+            return locate, flat
+
+        if body:
+            emitter.fusion = True
+            j = emitter.fresh("j")
+            with emitter.block(f"for {j} in range(0, {body}, {width}):"):
+                locate, flat = at(j)
+                _chain(emitter, run, read, results, locate, flat, width, dt)
+        if body < last:
+            j = emitter.fresh("j")
+            with emitter.block(f"for {j} in range({body}, {last}):"):
+                locate, flat = at(j)
+                _chain(emitter, run, read, results, locate, flat, 1, None)
+
+    emitter.nest(dims[:-1], row, parallel=True, work=int(np.prod(dims)))
+
+
+def _pattern_strides(dims, whole) -> list[int]:
+    """Row-major strides of an operand that is whole along some of `dims`
+    and broadcast (stride 0) along the others."""
+    strides, acc = [0] * len(dims), 1
+    for d in reversed(range(len(dims))):
+        if whole[d]:
+            strides[d] = acc
+            acc *= dims[d]
+    return strides
 
 
 @contextlib.contextmanager
@@ -153,28 +299,34 @@ def named(eqn):
         raise
 
 
-def _chain(emitter, run, read, results, k: str, width: int, dt) -> None:
-    """One element (or vector of `width`) of every equation of the run."""
+def _chain(emitter, run, read, results, locate, k: str, width: int, dt) -> None:
+    """One element (or vector of `width`) of every equation of the run:
+    `locate(eqn, atom, x)` is where the equation reads operand `x` (an index,
+    and whether it is contiguous there or one value to splat); results are
+    stored at `k`."""
     local: dict = {}
 
-    def operand(atom) -> str:
+    def operand(eqn, atom) -> str:
         if not isinstance(atom, Literal) and atom in local:
             return local[atom]
         x = read(atom)
+        at, contiguous = locate(eqn, atom, x)
         if width == 1:
-            return x.at("0") if x.size == 1 else x.at(k)
+            return x.at(at)
         name = emitter.fresh("v")
-        if x.size == 1:  # a literal or a one-element array: splat
-            emitter.emit(f"var {name} = SIMD[{mojo_dtype(x.dtype)}, {width}]({x.at('0')})")
+        if not contiguous:  # a literal, one element, or a broadcast axis: splat
+            emitter.emit(f"var {name} = SIMD[{mojo_dtype(x.dtype)}, {width}]({x.at(at)})")
         else:
-            emitter.emit(f"var {name} = {x.load(k, width)}")
+            emitter.emit(f"var {name} = {x.load(at, width)}")
         return name
 
     for eqn in run:
         (out,) = eqn.outvars
-        args = [operand(a) for a in eqn.invars]
+        args = [operand(eqn, a) for a in eqn.invars]
         with named(eqn):
-            if width == 1:
+            if eqn.primitive is P.broadcast_in_dim_p:
+                expr = args[0]
+            elif width == 1:
                 expr = elementwise.expression(
                     emitter, eqn.primitive, [np.dtype(a.aval.dtype) for a in eqn.invars],
                     np.dtype(out.aval.dtype), args, eqn.params)
@@ -197,7 +349,11 @@ def _vector_expression(emitter, eqn, args, dt, width: int) -> str:
             return f"SIMD[{mojo_dtype(dt)}, {width}](1)"
         return elementwise.integer_pow(emitter, args[0], dt, eqn.params["y"])
     if prim in VECTOR_COMPARISONS:
-        return f"{args[0]}.{VECTOR_COMPARISONS[prim]}({args[1]})"
+        return VECTOR_COMPARISONS[prim].format(a=args[0], b=args[1])
+    if prim in VECTOR_LOGIC:
+        return f"{args[0]} {VECTOR_LOGIC[prim]} {args[1]}"
+    if prim is P.not_p:
+        return f"~{args[0]}"
     if prim is P.is_finite_p:
         return f"~(isnan({args[0]}) | isinf({args[0]}))"
     if prim is P.select_n_p:  # select_n(predicate, on_false, on_true)

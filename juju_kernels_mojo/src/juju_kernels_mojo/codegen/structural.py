@@ -4,9 +4,11 @@ copies."""
 
 from __future__ import annotations
 
+import math
+
 from juju import primitives as P
 from juju.lowering_helpers import platform_branch
-from juju_kernels_mojo.codegen.mojo import Unsupported, index_expr, literal, mojo_dtype
+from juju_kernels_mojo.codegen.mojo import Array, Unsupported, index_expr, literal, mojo_dtype
 # Imported under another name: `slice`'s equation has a parameter named strides.
 from juju_kernels_mojo.codegen.mojo import strides as row_major
 
@@ -177,3 +179,20 @@ EQUATIONS = {
     P.empty2_p: empty2,
     P.platform_index_p: platform_index,
 }
+
+
+def view(emitter, ins, params, out_avals):
+    """A reshape that keeps the elements' order (a squeeze, a broadcast
+    adding axes of one element) as its operand's buffer under the new
+    shape: no copy. None where it moves elements."""
+    (out,) = out_avals
+    operand = ins[0]
+    if (len(ins) != 1 or not isinstance(operand, Array) or params.get("dimensions") is not None
+            and list(params["dimensions"]) != list(range(len(operand.shape)))
+            or math.prod(out.shape) != operand.size):
+        return None
+    return [Array(operand.ptr, tuple(out.shape), operand.dtype, operand.offset)]
+
+
+#: Equations written as views of their operand where `view` allows.
+FORWARDING = {P.reshape_p: view, P.squeeze_p: view, P.broadcast_in_dim_p: view}
