@@ -191,12 +191,12 @@ class Emitter:
                 return
 
         def element(k):
-            value = src.at(f"{start} + {k[0]}" if start else k[0])
-            to = f"{start} + {k[0]}" if start else k[0]
-            self.emit(f"{dst.at(to)} = {convert(value) if convert else value}")
+            at = add_offsets(str(start), k[0])
+            value = src.at(at)
+            self.emit(f"{dst.at(at)} = {convert(value) if convert else value}")
 
         if dst.size - start == 1:
-            element([str(0)])
+            element(["0"])
         else:
             self.nest([dst.size - start], element, parallel=True)
 
