@@ -5,6 +5,8 @@ leading axes it takes over. One graph for all of them."""
 
 from __future__ import annotations
 
+import ctypes
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -78,3 +80,22 @@ def test_off_by_default(monkeypatch):
     finally:
         blas_rules.cblas.cache_clear()
     assert "juju_gemm" not in text
+
+
+def test_the_blas_stays_private(blas):
+    """juju's OpenBLAS copy (ILP64, numpy's) shares thousands of internal
+    symbol names with scipy's LP64 one that jaxlib's LAPACK calls: opened
+    into the global scope it bound them, and jax.jit's QR read 64-bit
+    integers as 32-bit ones (`Value (=12884904960) exceeds the maximum
+    representable value`). Both of juju's callers open it privately."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((64, 48)).astype(np.float32)
+    program = juju.jit(lambda a: jnp.tanh(a @ a.T) + 1.0, tiered=False)  # a generated kernel
+    op = juju.jit(lambda a: a @ a.T, tiered=False)  # the juju_gemm op
+    assert_same(program(x), jax.jit(lambda a: jnp.tanh(a @ a.T) + 1.0)(x), rtol=2e-5, atol=2e-5)
+    assert_same(op(x), jax.jit(lambda a: a @ a.T)(x), rtol=2e-5, atol=2e-5)
+    library = blas_rules.cblas()
+    assert not hasattr(ctypes.CDLL(None), library.sgemm), "the BLAS is in the global scope"
+    square = rng.standard_normal((200, 200)).astype(np.float32)
+    q, r = jax.jit(jnp.linalg.qr)(square)
+    np.testing.assert_allclose(np.asarray(q) @ np.asarray(r), square, rtol=1e-3, atol=1e-3)

@@ -6,7 +6,7 @@
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
 from max.algorithm import sync_parallelize
-from std.ffi import OwnedDLHandle
+from std.ffi import OwnedDLHandle, RTLD
 from std.sys import num_physical_cores
 
 
@@ -58,7 +58,8 @@ struct Gemm[
         var pc = output.unsafe_ptr().unsafe_origin_cast[MutAnyOrigin]()
         var lda = m if Self.transpose_a else k
         var ldb = k if Self.transpose_b else n
-        var lib = OwnedDLHandle(Self.library)
+        # Local: opened globally, it would bind jaxlib's LAPACK to this BLAS (mojo.py).
+        var lib = OwnedDLHandle(Self.library, RTLD.NOW | RTLD.LOCAL)
         var gemm = lib.get_function[NoneType](Self.gemm_symbol)
         var ta = TRANS if Self.transpose_a else NO_TRANS
         var tb = TRANS if Self.transpose_b else NO_TRANS

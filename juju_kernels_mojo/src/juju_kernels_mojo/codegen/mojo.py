@@ -480,7 +480,7 @@ ELEMENTWISE = {
 #: to PRELUDE: written only into those, since the imports cost every build
 #: a few seconds.
 THREADS_PRELUDE = '''
-from std.ffi import OwnedDLHandle
+from std.ffi import OwnedDLHandle, RTLD
 from std.os import getenv
 from std.sys import num_physical_cores
 from max.algorithm import sync_parallelize
@@ -506,7 +506,9 @@ def blas_gemm[dt: DType, library: StaticString, symbol: StaticString, ilp64: Boo
     """c[i] = op(a[i]) op(b[i]) for i < batch through the BLAS's row-major
     ?gemm; a large product in blocks (matrices, else row or column blocks),
     one per core (the library is a single-threaded copy)."""
-    var lib = OwnedDLHandle(library)
+    # RTLD.LOCAL: opened globally (Mojo's default), its internal symbols would
+    # bind the LP64 OpenBLAS that jaxlib's LAPACK uses to this ILP64 one.
+    var lib = OwnedDLHandle(library, RTLD.NOW | RTLD.LOCAL)
     var gemm = lib.get_function[NoneType](symbol)
     var lda = m if ta else k
     var ldb = k if tb else n
