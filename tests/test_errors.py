@@ -131,3 +131,23 @@ def test_user_errors_show_the_users_frames_not_jujus():
     juju_dir = Path(juju.__file__).parent
     assert not [f for f in files if juju_dir in f.parents], files
     assert any(f.name == "test_errors.py" for f in files)
+
+
+def test_programs_jax_rejects_at_lowering_get_jaxs_error():
+    """jax.linearize of a custom_vjp function traces, leaving a `custom_lin`
+    that jax.jit's lowering rejects with a TypeError: juju raises the same."""
+
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    f.defvjp(lambda x: (jnp.sin(x), x), lambda x, g: (g * jnp.cos(x),))
+
+    def tangent(x):
+        return jax.linearize(f, x)[1](jnp.ones_like(x))
+
+    with pytest.raises(TypeError) as expected:
+        jax.jit(tangent).lower(X)
+    with pytest.raises(juju.InvalidProgramError) as info:
+        juju.jit(tangent).lower(X)
+    assert isinstance(info.value, TypeError) and str(info.value) == str(expected.value)

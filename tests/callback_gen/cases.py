@@ -30,88 +30,90 @@ from jax.experimental import io_callback
 X = np.array([0.25, -0.5, 0.75], np.float32)
 T_QUIET = np.float32(1e6)  # the guards' threshold: never reached
 T_FIRE = np.float32(-1e6)  # always exceeded: every guard fires
-CALLS: list = []  # (tag, *operands) of every host call, in the order they ran
+CALLS: list = []  # (case tag, host function, *operands) of every host call, in order
 
 
 class GuardFired(Exception):
     """Raised on the host by a guard whose check fails."""
 
 
-def _record(tag, *values):
-    CALLS.append((tag, *[np.array(v) for v in values]))
+class Host:
+    """The host functions of one case: each call is recorded under the
+    case's tag (cases run side by side in one program)."""
 
+    def __init__(self, tag: str):
+        self.tag = tag
 
-def host_sin(v):
-    _record("pure", v)
-    return np.sin(v).astype(v.dtype)
+    def _record(self, name, *values):
+        CALLS.append((self.tag, name, *[np.array(v) for v in values]))
 
+    def sin(self, v):
+        self._record("pure", v)
+        return np.sin(v).astype(v.dtype)
 
-def host_cos(v):
-    _record("io", v)
-    return np.cos(v).astype(v.dtype)
+    def cos(self, v):
+        self._record("io", v)
+        return np.cos(v).astype(v.dtype)
 
+    def halve(self, v):
+        self._record("io_ordered", v)
+        return (v * 0.5).astype(v.dtype)
 
-def host_ordered(v):
-    _record("io_ordered", v)
-    return (v * 0.5).astype(v.dtype)
+    def debug(self, v):
+        self._record("debug", v)
 
-
-def host_debug(v):
-    _record("debug", v)
-
-
-def host_check(u, t):
-    _record("guard", u, t)
-    if np.any(np.asarray(u) > np.min(t)):  # t is one value (vmap may broadcast it)
-        raise GuardFired(f"a value is above {t}")
-    return u
+    def check(self, u, t):
+        self._record("guard", u, t)
+        if np.any(np.asarray(u) > np.min(t)):  # t is one value (vmap may broadcast it)
+            raise GuardFired(f"a value is above {np.min(t)}")
+        return u
 
 
 def _like(v):
     return jax.ShapeDtypeStruct(v.shape, v.dtype)
 
 
-# --- the callback sites: site(v, t, vmap_method) -> a value shaped as v ---------------
+# --- the callback sites: site(v, t, vmap_method, host) -> a value shaped as v ---------
 # Operands of pure and io callbacks are stop_gradient'ed: they have no JVP
 # rule, and jax.jit rejects them on a differentiated path.
 
 
-def _pure(v, t, method):
-    return v * 1.5 + jax.pure_callback(host_sin, _like(v), lax.stop_gradient(v),
+def _pure(v, t, method, host):
+    return v * 1.5 + jax.pure_callback(host.sin, _like(v), lax.stop_gradient(v),
                                        vmap_method=method)
 
 
-def _io(v, t, method):
-    return v * 1.5 + io_callback(host_cos, _like(v), lax.stop_gradient(v), ordered=False)
+def _io(v, t, method, host):
+    return v * 1.5 + io_callback(host.cos, _like(v), lax.stop_gradient(v), ordered=False)
 
 
-def _io_ordered(v, t, method):
-    return v * 1.5 + io_callback(host_ordered, _like(v), lax.stop_gradient(v), ordered=True)
+def _io_ordered(v, t, method, host):
+    return v * 1.5 + io_callback(host.halve, _like(v), lax.stop_gradient(v), ordered=True)
 
 
-def _debug_callback(v, t, method):
-    jax.debug.callback(host_debug, v)
+def _debug_callback(v, t, method, host):
+    jax.debug.callback(host.debug, v)
     return v * 1.5
 
 
-def _debug_print(v, t, method):
-    jax.debug.print("site {v}", v=v)
+def _debug_print(v, t, method, host):
+    jax.debug.print(f"site {host.tag} {{v}}", v=v)
     return v * 1.5
 
 
-def _guard(v, t, method):
+def _guard(v, t, method, host):
     """eqx.error_if's shape: a callback in the branch of a cond taken only
     when the check fails; under vmap (a select) it runs but raises only on
     a failing element."""
     u = lax.stop_gradient(v)
     checked = lax.cond(jnp.max(u) > t,
-                       lambda a: jax.pure_callback(host_check, _like(a), a, t,
+                       lambda a: jax.pure_callback(host.check, _like(a), a, t,
                                                    vmap_method=method),
                        lambda a: a, u)
     return v * 1.5 + (checked - u)
 
 
-def _eqx(v, t, method):
+def _eqx(v, t, method, host):
     import equinox as eqx
 
     return eqx.error_if(v, jnp.max(v) > t, "guard fired") * 1.5
@@ -254,10 +256,11 @@ class Case:
         """Whether jax guarantees the order of its calls."""
         return self.kind == "io_ordered"
 
-    def function(self):
-        """The case as a function of (x, t)."""
-        site, method = KINDS[self.kind], self.vmap_method
-        fn = lambda v, t: site(v, t, method)  # noqa: E731
+    def function(self, tag: str = ""):
+        """The case as a function of (x, t); its host calls are recorded
+        under `tag`."""
+        site, method, host = KINDS[self.kind], self.vmap_method, Host(tag)
+        fn = lambda v, t: site(v, t, method, host)  # noqa: E731
         for nest in reversed(self.nesting):
             fn = NESTS[nest](fn)
         return TRANSFORMS[self.transform](fn)

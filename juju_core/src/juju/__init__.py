@@ -22,6 +22,7 @@ from juju.errors import (
     EngineUnavailableError,
     ExportError,
     InputMismatchError,
+    InvalidProgramError,
     JujuError,
     LoweringError,
     MaxUnavailableWarning,
@@ -71,7 +72,7 @@ __all__ = [
     "UnsupportedDtypeError", "EngineUnavailableError", "CompileError", "CompilerCrashError",
     "MaxUnavailableWarning", "PackError", "PackLoadError",
     "export", "Exported", "ExportError", "ArtifactError", "ArtifactVersionError",
-    "InputMismatchError", "profile", "Profile", "ProfileEntry", "ProfileError",
+    "InputMismatchError", "InvalidProgramError", "profile", "Profile", "ProfileEntry", "ProfileError",
 ]
 
 

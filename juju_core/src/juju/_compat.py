@@ -256,6 +256,7 @@ from jax._src.random.prng import (  # noqa: E402
 )
 from jax._src.random.core import random_clone_p  # noqa: E402
 from jax._src.lax.control_flow import platform_index_p  # noqa: E402
+from jax._src.interpreters.ad import custom_lin_p  # noqa: E402
 
 
 # --- dead code elimination -------------------------------------------------------

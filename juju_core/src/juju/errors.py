@@ -115,6 +115,12 @@ class UnsupportedDtypeError(JujuError, TypeError):
     """A value's dtype has no MAX equivalent (e.g. complex numbers)."""
 
 
+class InvalidProgramError(JujuError, TypeError):
+    """A program jax.jit rejects as well, for the same reason (jax's own
+    TypeError text), e.g. `jax.jvp` or `jax.linearize` of a `custom_vjp`
+    function. Rules raise it; juju passes it to the caller unchanged."""
+
+
 class EngineUnavailableError(JujuError, RuntimeError):
     """The requested device (e.g. a GPU) is not present on this machine."""
 

@@ -24,7 +24,8 @@ from juju._compat import (
     sub_jaxprs_of_params,
 )
 from juju.context import LoweringContext, constant, graph_inputs
-from juju.errors import LoweringError, MissingRule, MissingRuleError, RuleConflictError
+from juju.errors import (InvalidProgramError, LoweringError, MissingRule, MissingRuleError,
+                          RuleConflictError)
 from juju.recording import active_recorder
 from juju.registry import Registry
 
@@ -85,7 +86,7 @@ def lower_jaxpr(
             # Already names the innermost failing equation; add where it sits.
             inner.add_note(f"  inside '{eqn.primitive.name}' at {source_line(eqn)}")
             raise
-        except MissingRuleError:
+        except (MissingRuleError, InvalidProgramError):
             raise
         except Exception as exc:
             raise LoweringError.at(eqn, rule, f"{type(exc).__name__}: {exc}") from exc

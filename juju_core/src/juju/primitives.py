@@ -13,7 +13,8 @@ modules; juju finds them in `juju._compat`, so that when a jax release moves
 one, juju changes and packs do not:
 
 - lax: `split_p`, `stack_p`, `unstack_p`, `tile_p`, `optimization_barrier_p`,
-  `empty2_p` (in the derivative of `cond`), `platform_index_p`
+  `empty2_p` (in the derivative of `cond`), `custom_lin_p` (a
+  `custom_vjp` under forward-mode differentiation), `platform_index_p`
   (`lax.platform_dependent`);
 - linear algebra: `geqrf_p`, `lu_pivots_to_permutation_p`;
 - PRNG key arrays: `random_wrap_p`, `random_unwrap_p`, `random_clone_p`,
@@ -39,6 +40,7 @@ from jax.extend.core import primitives as _public
 
 from juju._compat import (  # noqa: F401  (re-exported)
     call_primitives,
+    custom_lin_p,
     debug_callback_p,
     debug_print_p,
     dim_as_value_p,

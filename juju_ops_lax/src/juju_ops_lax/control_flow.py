@@ -24,7 +24,7 @@ import numpy as np
 from max.dtype import DType
 from max.graph import DeviceRef, Graph, TensorType, ops
 
-from juju import ALL_DTYPES, RuleSet
+from juju import ALL_DTYPES, InvalidProgramError, RuleSet
 from juju import primitives as P
 from juju._compat import open_jaxpr, scan_layout, sub_jaxprs_of_params
 from juju.primitives import empty2_p, platform_index_p
@@ -351,6 +351,17 @@ def lower_empty2(ctx, *, dtype, memory_space):
     # A placeholder residual for branches of a differentiated cond that do
     # not produce it; its value is never read.
     return ctx.constant(0, ctx.aval_out.dtype)
+
+
+@rules.register(P.custom_lin_p)
+def lower_custom_lin(ctx, *args, **params):
+    # What jvp/linearize of a custom_vjp function leaves when nothing
+    # transposes it: jax.jit's lowering raises jax's TypeError, and so does juju.
+    try:
+        P.custom_lin_p.impl(*args, **params)
+    except TypeError as exc:
+        raise InvalidProgramError(str(exc)) from exc
+    raise InvalidProgramError("can't apply forward-mode autodiff (jvp) to a custom_vjp function.")
 
 
 # --- platform_dependent ------------------------------------------------------------
