@@ -65,7 +65,7 @@ def scan(emitter, prim, ins, outs, *, reverse, length, jaxpr, unroll=1,
         emitter.copy(src, dst)
     staged = [emitter.like(c) for c in carry]
     step = emitter.fresh("step")
-    with emitter.block(f"for {step} in range({length}):"):
+    with emitter.repeated(f"for {step} in range({length}):"):
         index = f"{length - 1} - {step}" if reverse else step
         rows = [x.row(index) for x in xs]
         body_outs = emitter.jaxpr(jaxpr, [*consts, *carry, *rows])
@@ -84,7 +84,7 @@ def while_loop(emitter, prim, ins, outs, *, cond_jaxpr, body_jaxpr, cond_nconsts
         emitter.copy(src, dst)
     staged = [emitter.like(c) for c in outs]
     running = emitter.scratch(batch, np.dtype(np.bool_)) if batch else None
-    with emitter.block("while True:"):
+    with emitter.repeated("while True:"):
         (pred,) = emitter.jaxpr(cond_jaxpr, [*cond_consts, *outs])
         if not batch:
             emitter.emit(f"if not {pred.at('0')}:")

@@ -22,6 +22,10 @@ from juju_kernels_mojo.codegen.mojo import strides as row_major
 
 #: Products of fewer multiply-adds stay loops (a BLAS call costs ~1 us).
 BLAS_MIN_WORK = 1 << 14
+#: Multiply-adds from which a product is split over the cores; inside a
+#: scan or while body a larger one (see emitter.PARALLEL_MIN_IN_LOOP).
+BLAS_PARALLEL_MIN = 1 << 18
+BLAS_PARALLEL_MIN_IN_LOOP = 1 << 22
 
 
 def dot_general(emitter, prim, ins, outs, *, dimension_numbers, precision=None,
@@ -154,9 +158,11 @@ def _gemm(emitter, lhs, rhs, out, dimension_numbers) -> bool:
         rhs, tb = _canonical(emitter, rhs, [*rb, *rc, *_free(rhs, rb, rc)]), False
     symbol = library.sgemm if out.dtype == np.float32 else library.dgemm
     emitter.threads = True
+    parallel = not emitter.in_task and batch * m * n * k >= (
+        BLAS_PARALLEL_MIN_IN_LOOP if emitter.loops else BLAS_PARALLEL_MIN)
     emitter.emit(f'blas_gemm[{mojo_dtype(out.dtype)}, "{library.path}", "{symbol}", '
-                 f'{library.ilp64}]({ta}, {tb}, {batch}, {m}, {n}, {k}, {lhs.address()}, '
-                 f'{rhs.address()}, {out.address()})')
+                 f'{library.ilp64}]({ta}, {tb}, {batch}, {m}, {n}, {k}, {parallel}, '
+                 f'{lhs.address()}, {rhs.address()}, {out.address()})')
     return True
 
 

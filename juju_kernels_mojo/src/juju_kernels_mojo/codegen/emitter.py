@@ -27,6 +27,11 @@ from juju_kernels_mojo.codegen.parts import Parts
 #: Loops over fewer elements run on one thread: waking the other cores
 #: (`Emitter.split`) costs a few microseconds.
 PARALLEL_MIN = 1 << 16
+#: The same inside a scan or while body. After a parallel region MAX's
+#: workers spin for a while (docs/performance.md, "MAX's spinning
+#: workers"), taking the cores from the serial code of the rest of the step:
+#: a GRU scan whose steps split 1.5M-multiply-add products ran 6x jax.jit.
+PARALLEL_MIN_IN_LOOP = 1 << 21
 #: primitive -> writer(emitter, prim, ins, outs, **params), every family's.
 EQUATIONS: dict = {}
 #: Writers that pass values through as they are (into sub-jaxprs, or copied
@@ -52,6 +57,21 @@ class Emitter:
         self.in_task = False  # writing the body of a task on a worker thread
         self.threads = False  # uses THREADS_PRELUDE (tasks on the cores, the BLAS)
         self.fusion = False  # uses fusion.FUSION_PRELUDE (vector max/min)
+        self.loops = 0  # depth of scan/while bodies being written
+
+    def parallel_min(self) -> int:
+        """The work (element operations) from which a loop runs on the cores."""
+        return PARALLEL_MIN_IN_LOOP if self.loops else PARALLEL_MIN
+
+    @contextlib.contextmanager
+    def repeated(self, header: str):
+        """A block run many times (a scan or while body)."""
+        with self.block(header):
+            self.loops += 1
+            try:
+                yield
+            finally:
+                self.loops -= 1
 
     # -- text ------------------------------------------------------------------
 
@@ -147,7 +167,7 @@ class Emitter:
         a task that `sync_parallelize` runs on the cores. Only the outermost
         of nested splits runs tasks."""
         work = size if work is None else work
-        if work < PARALLEL_MIN or size < 2 * width or self.in_task:
+        if work < self.parallel_min() or size < 2 * width or self.in_task:
             yield "0", str(size)
             return
         self.threads = True

@@ -499,13 +499,13 @@ def kernel_cores() -> Int:
 
 
 def blas_gemm[dt: DType, library: StaticString, symbol: StaticString, ilp64: Bool](
-    ta: Bool, tb: Bool, batch: Int, m: Int, n: Int, k: Int,
+    ta: Bool, tb: Bool, batch: Int, m: Int, n: Int, k: Int, parallel: Bool,
     a: UnsafePointer[Scalar[dt], MutAnyOrigin], b: UnsafePointer[Scalar[dt], MutAnyOrigin],
     c: UnsafePointer[Scalar[dt], MutAnyOrigin],
 ) raises:
     """c[i] = op(a[i]) op(b[i]) for i < batch through the BLAS's row-major
     ?gemm; a large product in blocks (matrices, else row or column blocks),
-    one per core (the library is a single-threaded copy)."""
+    one per core where `parallel` (the library is a single-threaded copy)."""
     # RTLD.LOCAL: opened globally (Mojo's default), its internal symbols would
     # bind the LP64 OpenBLAS that jaxlib's LAPACK uses to this ILP64 one.
     var lib = OwnedDLHandle(library, RTLD.NOW | RTLD.LOCAL)
@@ -529,7 +529,7 @@ def blas_gemm[dt: DType, library: StaticString, symbol: StaticString, ilp64: Boo
                  a0, Int32(lda), b0, Int32(ldb), zero, c00, Int32(n))
 
     var tasks = kernel_cores()
-    if batch * m * n * k < (1 << 18) or tasks < 2:
+    if not parallel or tasks < 2:
         for i in range(batch):
             block(i, 0, m, 0, n)
         return
