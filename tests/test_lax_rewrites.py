@@ -82,3 +82,40 @@ def test_literal_operands_are_left_alone():
     # the other dot's transposed operand still folds
     assert [e.primitive.name for e in folded.jaxpr.eqns].count("transpose") == 0
     assert_same(juju.jit(scaled)(ARGS[0]), jax.jit(scaled)(ARGS[0]))
+
+
+def reduced_broadcasts(x, w, flags):
+    """Reductions of broadcasts (distrax's mixtures): over axes the
+    broadcast kept (moved before it), over axes it made (max, min, all; a
+    sum of +0.0s), and three left alone (sums of copies of values that may
+    be nonzero or -0.0)."""
+    big = jnp.broadcast_to(x[:, None, :], (x.shape[0], 5, x.shape[1]))
+    spread = jnp.broadcast_to(w, (7, *w.shape))
+    zeros = jnp.broadcast_to(-0.0 * jnp.ones(()), (7, 4))
+    return (big.sum(2), big.max(1), spread.sum((0, 2)), spread.min((0, 1)),
+            jnp.broadcast_to(flags, (3, *flags.shape)).all(0), zeros.sum(1),
+            jnp.zeros((6, 3), jnp.float32).sum(0),
+            jnp.broadcast_to(x[:, :1], x.shape).sum(1))
+
+
+RB_ARGS = (np.array([[1.0, np.nan, -0.0], [np.inf, 2.0, -1.0], [0.5, -0.0, 3.0],
+                     [-np.inf, 4.0, 1e30]], np.float32),
+           rng.normal(size=(4, 3)).astype(np.float32), np.array([True, False, True]))
+
+
+def test_reduced_broadcasts_are_folded_and_match_jax():
+    from juju_ops_lax.rewrites import fold_reduced_broadcasts
+
+    closed = jax.make_jaxpr(reduced_broadcasts)(*RB_ARGS)
+    folded = fold_reduced_broadcasts(closed)
+
+    def of_broadcasts(c):
+        made = {e.outvars[0] for e in c.jaxpr.eqns if e.primitive.name == "broadcast_in_dim"}
+        return sum(e.primitive.name.startswith("reduce_") and e.invars[0] in made
+                   for e in c.jaxpr.eqns)
+
+    assert (of_broadcasts(closed), of_broadcasts(folded)) == (8, 3)
+    assert_same(juju.jit(reduced_broadcasts, tiered=False)(*RB_ARGS),
+                jax.jit(reduced_broadcasts)(*RB_ARGS))
+    assert_same(jax.core.eval_jaxpr(folded.jaxpr, folded.consts, *RB_ARGS),
+                jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *RB_ARGS))

@@ -49,4 +49,5 @@ def juju_rules():
 
 @juju.hookimpl
 def juju_jaxpr_rewrites():
-    return [rewrites.fold_transposed_dots, rewrites.fold_transposed_operands]
+    return [rewrites.fold_transposed_dots, rewrites.fold_transposed_operands,
+            rewrites.fold_reduced_broadcasts]

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+
 from juju import primitives as P
 from juju._compat import ClosedJaxpr, Var
 
@@ -98,3 +100,71 @@ def fold_transposed_operands(closed: ClosedJaxpr) -> ClosedJaxpr:
         return closed
     eqns = [replaced.get(id(e), e) for e in jaxpr.eqns if id(e) not in gone]
     return ClosedJaxpr(jaxpr.replace(eqns=eqns), closed.consts)
+
+
+# --- reductions of broadcasts ------------------------------------------------------
+
+_IDEMPOTENT = (P.reduce_max_p, P.reduce_min_p, P.reduce_and_p, P.reduce_or_p)
+
+
+def _reduced_axes_of_source(reduce, broadcast):
+    """The axes of the broadcast's operand that `reduce` sums (or maxes...)
+    once the broadcast is moved after it, or None where that changes the
+    arithmetic: a sum over an axis the broadcast made would add copies, where
+    a multiplication rounds differently (a +0 literal aside: -0.0s sum to
+    +0.0 from the reduction's +0.0 start)."""
+    axes = set(reduce.params["axes"])
+    x = broadcast.invars[0]
+    dims, shape = broadcast.params["broadcast_dimensions"], broadcast.params["shape"]
+    source = {int(d): i for i, d in enumerate(dims)}  # result axis -> operand axis
+    made = [a for a in axes if a not in source or x.aval.shape[source[a]] != shape[a]]
+    value = None if isinstance(x, Var) else np.asarray(x.val)
+    zero = value is not None and not np.any(value) and not np.any(np.signbit(value))  # +0
+    if made and reduce.primitive not in _IDEMPOTENT and not zero:
+        return None
+    return tuple(sorted(source[a] for a in axes if a in source))
+
+
+def fold_reduced_broadcasts(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """`reduce(broadcast_in_dim(x))` becomes `broadcast_in_dim(reduce(x))`:
+    XLA never builds the broadcast; a kernel or MAX graph would write and
+    read it whole (a mixture's log-prob: 16384x16x8 for 16x8 values)."""
+    jaxpr = closed.jaxpr
+    uses = Counter(v for e in jaxpr.eqns for v in e.invars if isinstance(v, Var))
+    uses.update(v for v in jaxpr.outvars if isinstance(v, Var))
+    broadcasts = {e.outvars[0]: e for e in jaxpr.eqns if e.primitive is P.broadcast_in_dim_p
+                  and len(e.invars) == 1 and not e.params.get("sharding")}
+    reducers = (P.reduce_sum_p, *_IDEMPOTENT)
+    replaced, folded = {}, Counter()  # reduction -> its equations; broadcast -> folds
+    for e in jaxpr.eqns:
+        if e.primitive not in reducers or not isinstance(e.invars[0], Var):
+            continue
+        broadcast = broadcasts.get(e.invars[0])
+        if broadcast is None:
+            continue
+        x_axes = _reduced_axes_of_source(e, broadcast)
+        if x_axes is None:
+            continue
+        x = broadcast.invars[0]
+        reduced, new = x, []
+        if x_axes:
+            kept = [s for i, s in enumerate(x.aval.shape) if i not in x_axes]
+            reduced = Var(x.aval.update(shape=tuple(kept)))
+            new.append(e.replace(invars=[x], outvars=[reduced],
+                                 params={**e.params, "axes": x_axes}))
+        axes = set(e.params["axes"])
+        dims = [int(d) for i, d in enumerate(broadcast.params["broadcast_dimensions"])
+                if i not in x_axes]
+        out_dims = tuple(d - sum(a < d for a in axes) for d in dims)
+        params = {**broadcast.params, "shape": tuple(e.outvars[0].aval.shape),
+                  "broadcast_dimensions": out_dims}
+        new.append(broadcast.replace(invars=[reduced], outvars=e.outvars, params=params))
+        replaced[id(e)] = new
+        folded[broadcast.outvars[0]] += 1
+    if not replaced:
+        return closed
+    # A broadcast read by other equations too stays for them.
+    gone = {id(broadcasts[v]) for v, n in folded.items() if n == uses[v]}
+    eqns = [n for e in jaxpr.eqns if id(e) not in gone for n in replaced.get(id(e), [e])]
+    # Again: the operand may be a broadcast too (`x[:, None]` is one).
+    return fold_reduced_broadcasts(ClosedJaxpr(jaxpr.replace(eqns=eqns), closed.consts))
