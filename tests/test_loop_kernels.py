@@ -147,6 +147,24 @@ def carries(x):
     return lax.scan(step, (x, x * 2, jnp.int32(3)), None, length=7)
 
 
+def carries_in_place(x, w):
+    """Carries whose new values may be stored over the old ones (an
+    accumulator, a scaled state, one whose first element is read first)
+    next to ones that may not: the old value read after the new one is
+    made, or read through a reshape after it; a while loop's accumulator."""
+    def step(c, xs):
+        acc, s, t, u = c
+        acc = acc + xs * w  # in place
+        s2 = s * 0.5 + 1.0  # old s read below, after s2 is made: not in place
+        flat = t.reshape(-1)  # a view of the old t, read after t's update
+        t2 = jnp.tanh(t) - 0.25
+        u2 = u + u[:1]  # u[:1] is copied before the loop that updates u
+        return (acc, s2, t2, u2), s + s2 + flat.reshape(t.shape)
+    carry, ys = lax.scan(step, (x[0] * 0.0, x[1], x[2], x[3]), x)
+    total = lax.fori_loop(0, 5, lambda i, a: a * 1.5 + x[i], x[4])
+    return carry, ys, total
+
+
 @jax.custom_vjp
 def clipped(x):
     return jnp.clip(x, -1.0, 1.0)
@@ -231,6 +249,7 @@ CASES = {
     "newton": (newton, (np.array([3.0, 1.0, -2.0, 0.0, 5.0, 1e-3], np.float32),
                         np.array([2.0, 9.0, 4.0, 1.0, -1.0, 7.0], np.float32))),
     "carries": (carries, (normal(3),)),
+    "carries_in_place": (carries_in_place, (normal(6, 8), normal(8))),
     "wrappers": (wrappers, (normal(4, 5),)),
     "library_primitive": (library_primitive, (normal(6) * 4,)),
     "vector_math": (vector_math, (_vector_rows(20, np.float32), _vector_rows(20, np.float32)[1])),

@@ -68,7 +68,7 @@ def scan(emitter, prim, ins, outs, *, reverse, length, jaxpr, unroll=1,
     with emitter.repeated(f"for {step} in range({length}):"):
         index = f"{length - 1} - {step}" if reverse else step
         rows = [x.row(index) for x in xs]
-        body_outs = emitter.jaxpr(jaxpr, [*consts, *carry, *rows])
+        body_outs = emitter.jaxpr(jaxpr, [*consts, *carry, *rows], into=dict(enumerate(carry)))
         for src, dst in zip(body_outs[num_carry:], ys):  # a y may be an old carry
             emitter.copy(src, dst.row(index))
         emitter.advance(body_outs[:num_carry], staged, carry)
@@ -89,7 +89,8 @@ def while_loop(emitter, prim, ins, outs, *, cond_jaxpr, body_jaxpr, cond_nconsts
         if not batch:
             emitter.emit(f"if not {pred.at('0')}:")
             emitter.emit("    break")
-            body_outs = emitter.jaxpr(body_jaxpr, [*body_consts, *outs])
+            body_outs = emitter.jaxpr(body_jaxpr, [*body_consts, *outs],
+                                      into=dict(enumerate(outs)))
         else:  # vmap's while: on while any element runs, each carry kept where it stopped
             emitter.copy(pred, running)
             body_outs = batched_step(emitter, running, body_jaxpr, body_consts, outs)

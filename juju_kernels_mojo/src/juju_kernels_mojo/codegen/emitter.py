@@ -222,8 +222,10 @@ class Emitter:
 
     # -- jaxprs ------------------------------------------------------------------
 
-    def jaxpr(self, jaxpr, args: list) -> list:
-        """Emit `jaxpr` (open or closed) on `args`; returns its outputs."""
+    def jaxpr(self, jaxpr, args: list, into: dict | None = None) -> list:
+        """Emit `jaxpr` (open or closed) on `args`; returns its outputs.
+        `into` (output index -> Array, a loop's carry buffers): where an
+        output may be written in place (`_in_place`)."""
         if isinstance(jaxpr, jex_core.ClosedJaxpr):
             consts = [self.closed_const(c) for c in jaxpr.consts]
             jaxpr = jaxpr.jaxpr
@@ -256,7 +258,8 @@ class Emitter:
                 if stop > start:  # one loop for the run, on the cores where it is large
                     live = {v for e in eqns[start:stop] for v in e.outvars
                             if last_use.get(v, -1) >= stop}
-                    env.update(fusion.fused(self, eqns[start:stop], read, live))
+                    targets = _in_place(jaxpr, into, eqns, start, stop, env, last_use)
+                    env.update(fusion.fused(self, eqns[start:stop], read, live, targets))
                     start = stop
                     continue
                 if results is not None:
@@ -385,7 +388,11 @@ class Emitter:
     def advance(self, new, staged, carry) -> None:
         """carry = new. A value computed in the body is copied straight in;
         one that is a carry, an input or a literal goes through `staged`
-        (a carry may be overwritten before another reads it)."""
+        (a carry may be overwritten before another reads it); one written in
+        place, or left as it was, is where it belongs."""
+        kept = [isinstance(v, Array) and (v.ptr, v.offset, v.shape) == (c.ptr, c.offset, c.shape)
+                for v, c in zip(new, carry)]
+        new, staged, carry = ([x for x, k in zip(xs, kept) if not k] for xs in (new, staged, carry))
         carried = {(c.ptr, c.offset) for c in carry}
         computed = [isinstance(v, (Array, Parts)) and (v.ptr, v.offset) in self.scratch_ids
                     and (v.ptr, v.offset) not in carried for v in new]
@@ -394,3 +401,27 @@ class Emitter:
                 self.copy(src, dst)
         for src, tmp, dst, direct in zip(new, staged, carry, computed):
             self.copy(src if direct else tmp, dst)
+
+
+def _in_place(jaxpr, into, eqns, start: int, stop: int, env, last_use) -> dict:
+    """The outputs of the fused run eqns[start:stop] that can be stored into
+    their carry buffers (`into`) directly: the buffer holds the old carry,
+    read by nothing after the run and inside it only elementwise (the run's
+    shape) by equations up to the one computing the output, so that each
+    element is read before it is overwritten."""
+    if not into:
+        return {}
+    shape = tuple(eqns[start].outvars[0].aval.shape)
+    producer = {v: i for i in range(start, stop) for v in eqns[i].outvars}
+    targets = {}
+    for index, buffer in into.items():
+        out = jaxpr.outvars[index]
+        if (out not in producer or out in targets or not isinstance(buffer, Array)
+                or tuple(out.aval.shape) != shape or buffer.shape != shape):
+            continue
+        holders = [v for v, x in env.items() if isinstance(x, Array)
+                   and (x.ptr, x.offset) == (buffer.ptr, buffer.offset)]
+        if all(last_use.get(v, -1) <= producer[out] and tuple(v.aval.shape) == shape
+               for v in holders) and buffer not in targets.values():
+            targets[out] = buffer
+    return targets

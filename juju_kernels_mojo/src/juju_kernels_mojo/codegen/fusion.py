@@ -161,9 +161,10 @@ def _known(read, run):
     return lookup
 
 
-def fused(emitter, run, read, live) -> dict:
+def fused(emitter, run, read, live, into=None) -> dict:
     """Write `run` (equations from `run_end`) as one loop; returns the
-    stored results (var -> Array), those in `live` (used after the run)."""
+    stored results (var -> Array), those in `live` (used after the run),
+    stored into the buffers `into` gives (var -> Array) where it has one."""
     for eqn in run:  # checked first: a refusal names its own equation
         with named(eqn):
             for v in (*eqn.invars, *eqn.outvars):
@@ -173,7 +174,8 @@ def fused(emitter, run, read, live) -> dict:
     shape = tuple(run[0].outvars[0].aval.shape)
     n = int(np.prod(shape, dtype=np.int64))
     dt = _run_dtype(run)
-    results = {v: emitter.value(v.aval.shape, v.aval.dtype)
+    into = into or {}
+    results = {v: into[v] if v in into else emitter.value(v.aval.shape, v.aval.dtype)
                for e in run for v in e.outvars if v in live}
     width = VECTOR_BYTES // dt.itemsize if dt is not None else 1
     dims, patterns = _coalesced(run, read, shape)
