@@ -22,6 +22,13 @@ from juju import primitives as P
 from juju._compat import ClosedJaxpr, Var
 
 
+def _uses(jaxpr) -> Counter:
+    """How many times each variable is read (equations and outputs)."""
+    uses = Counter(v for e in jaxpr.eqns for v in e.invars if isinstance(v, Var))
+    uses.update(v for v in jaxpr.outvars if isinstance(v, Var))
+    return uses
+
+
 def _swappable(dot) -> bool:
     """A dot of two operands with one free dimension each, no batch dims."""
     (lc, rc), (lb, rb) = dot.params["dimension_numbers"]
@@ -31,8 +38,7 @@ def _swappable(dot) -> bool:
 
 def fold_transposed_dots(closed: ClosedJaxpr) -> ClosedJaxpr:
     jaxpr = closed.jaxpr
-    uses = Counter(v for e in jaxpr.eqns for v in e.invars if isinstance(v, Var))
-    uses.update(v for v in jaxpr.outvars if isinstance(v, Var))
+    uses = _uses(jaxpr)
     dots = {e.outvars[0]: e for e in jaxpr.eqns if e.primitive is P.dot_general_p}
     folded = {}  # id(transpose eqn) -> the swapped dot computing its result
     for e in jaxpr.eqns:
@@ -76,8 +82,7 @@ def _fold_operand(dot, index, transpose):
 
 def fold_transposed_operands(closed: ClosedJaxpr) -> ClosedJaxpr:
     jaxpr = closed.jaxpr
-    uses = Counter(v for e in jaxpr.eqns for v in e.invars if isinstance(v, Var))
-    uses.update(v for v in jaxpr.outvars if isinstance(v, Var))
+    uses = _uses(jaxpr)
     transposes = {e.outvars[0]: e for e in jaxpr.eqns if e.primitive is P.transpose_p}
     replaced, gone = {}, set()
     for e in jaxpr.eqns:
@@ -130,8 +135,7 @@ def fold_reduced_broadcasts(closed: ClosedJaxpr) -> ClosedJaxpr:
     XLA never builds the broadcast; a kernel or MAX graph would write and
     read it whole (a mixture's log-prob: 16384x16x8 for 16x8 values)."""
     jaxpr = closed.jaxpr
-    uses = Counter(v for e in jaxpr.eqns for v in e.invars if isinstance(v, Var))
-    uses.update(v for v in jaxpr.outvars if isinstance(v, Var))
+    uses = _uses(jaxpr)
     broadcasts = {e.outvars[0]: e for e in jaxpr.eqns if e.primitive is P.broadcast_in_dim_p
                   and len(e.invars) == 1 and not e.params.get("sharding")}
     reducers = (P.reduce_sum_p, *_IDEMPOTENT)
