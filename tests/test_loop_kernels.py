@@ -165,6 +165,23 @@ def carries_in_place(x, w):
     return carry, ys, total
 
 
+def wide_copies(x, k, big):
+    """Copies whose rows are contiguous (SIMD vectors with a scalar tail):
+    an LSTM's gate columns sliced from one product, a concatenation, a pad,
+    an update of a row block, a strided slice (scalar), ints, and one
+    contiguous run long enough to be split over the cores."""
+    def step(c, xs):
+        gates = c @ xs  # [6, 4 * 19]: four 19-wide gates, 19 = 2 vectors + a tail
+        i, f, g, o = (gates[:, j * 19:(j + 1) * 19] for j in range(4))
+        h = jax.nn.sigmoid(i) * jnp.tanh(g) + f * o
+        wide = jnp.concatenate([h, c], axis=1)  # [6, 19 + 19]
+        padded = jnp.pad(h, ((1, 0), (3, 2)))
+        c2 = lax.dynamic_update_slice(c, h[1:4] * 0.5, (2, 0))
+        return c2, (wide[:, 1:37:2], padded, k[3:70] + k[2:69])
+    xs = jnp.tile(x, (1, 4))[None] * jnp.arange(1.0, 4.0)[:, None, None]  # [3, 19, 76]
+    return lax.scan(step, x, xs), big[5:70_005] * 2.0
+
+
 @jax.custom_vjp
 def clipped(x):
     return jnp.clip(x, -1.0, 1.0)
@@ -251,6 +268,8 @@ CASES = {
     "carries": (carries, (normal(3),)),
     "carries_in_place": (carries_in_place, (normal(6, 8), normal(8))),
     "wrappers": (wrappers, (normal(4, 5),)),
+    "wide_copies": (wide_copies, (normal(19, 19) * 0.3, np.arange(70, dtype=np.int32),
+                                  normal(70_010))),
     "library_primitive": (library_primitive, (normal(6) * 4,)),
     "vector_math": (vector_math, (_vector_rows(20, np.float32), _vector_rows(20, np.float32)[1])),
     "float64_vector_math": (vector_math, (_vector_rows(22, np.float64),

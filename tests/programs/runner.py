@@ -48,6 +48,9 @@ class Outcome:
     lowered: Any = None
     jitted: Any = None  # the juju.jit function that ran it
     backend: str = ""  # which back end ran it (report.backend)
+    #: outputs outside the tolerance that a float64 run judged (`_arbitrate`)
+    arbitrated: list = field(default_factory=list)
+    float64_results: list | None = None  # computed on demand (`_float64_reference`)
     seconds: dict = field(default_factory=dict)
 
     @property
@@ -57,7 +60,8 @@ class Outcome:
 
     def summary(self) -> str:
         if self.status == "pass":
-            return f"pass (max abs error {self.max_abs_error:.2e})"
+            judged = "".join(f"; {note}" for note in self.arbitrated)
+            return f"pass (max abs error {self.max_abs_error:.2e}{judged})"
         message = _first_line(self.error)
         return f"{self.status} at {self.stage}: {message}"
 
@@ -97,9 +101,68 @@ def compare(outcome: Outcome) -> None:
             diff = np.where(both_nan, 0.0, np.abs(g64 - w64))
             worst = max(worst, float(np.nan_to_num(diff, nan=np.inf).max()))
         outcome.max_abs_error = worst
-        np.testing.assert_allclose(g, w, rtol=p.rtol, atol=p.atol, equal_nan=True,
-                                   err_msg=f"{outcome.name}: output {i}")
+        try:
+            np.testing.assert_allclose(g, w, rtol=p.rtol, atol=p.atol, equal_nan=True,
+                                       err_msg=f"{outcome.name}: output {i}")
+        except AssertionError:
+            if not _arbitrate(outcome, i, g, w):
+                raise
     outcome.max_abs_error = worst
+
+
+def _arbitrate(outcome: Outcome, i: int, got, want) -> bool:
+    """Whether output `i`, outside the elementwise tolerance, is still as
+    accurate as jax.jit's. Two float32 programs summing in different orders
+    differ by more than any fixed elementwise tolerance where a result
+    cancels (a bias gradient summing to 1e-3 from terms of 10) or is divided
+    by its own size (adam's first step turns a gradient of 1e-9 +- 1e-10
+    into an update of lr * (0.99 +- 0.01)). Judged, in order:
+
+    - normwise: the largest error within `atol + rtol * max|jax.jit's|`;
+    - against the program run in float64 (float32 inputs widened): juju's
+      largest error at most twice jax.jit's plus `atol`, where that run is
+      a reference at all (jax.jit within ten times the normwise tolerance of
+      it: a program drawing random numbers draws others in float64)."""
+    p = outcome.program
+    if not np.array_equal(np.isnan(got), np.isnan(want)):
+        return False
+    finite = np.isfinite(want)
+    if not np.array_equal(got[~finite], want[~finite]):
+        return False
+    g, w = got[finite].astype(np.float64), want[finite].astype(np.float64)
+    error = float(np.abs(g - w).max(initial=0.0))
+    bound = p.atol + p.rtol * float(np.abs(w).max(initial=0.0))
+    if error <= bound:
+        outcome.arbitrated.append(f"output {i} normwise: error {error:.2e} <= {bound:.2e}")
+        return True
+    exact = _float64_reference(outcome)
+    if exact is None or i >= len(exact) or exact[i].shape != want.shape:
+        return False
+    r = exact[i][finite].astype(np.float64)
+    err_juju, err_jax = float(np.abs(g - r).max(initial=0.0)), float(np.abs(w - r).max(initial=0.0))
+    judged = err_jax <= 10 * bound and err_juju <= 2.0 * err_jax + p.atol
+    outcome.arbitrated.append(f"output {i} judged in float64: error juju {err_juju:.2e}, "
+                              f"jax.jit {err_jax:.2e}" + ("" if judged else " (fails)"))
+    return judged
+
+
+def _float64_reference(outcome: Outcome):
+    """The case's results computed by jax.jit with x64 and its float32
+    inputs widened (None where that run fails or is not a float program)."""
+    if outcome.float64_results is None:
+        def widen(x):
+            narrow = isinstance(x, (np.ndarray, jax.Array)) and x.dtype in NARROW_FLOATS
+            return np.asarray(x, np.float64) if narrow else x
+        try:
+            with jax.enable_x64(True):
+                args = jax.tree_util.tree_map(widen, outcome.args)
+                outcome.float64_results = host_leaves(jax.jit(outcome.fn)(*args))
+        except Exception:  # a program that runs only in float32
+            outcome.float64_results = []
+    return outcome.float64_results or None
+
+
+NARROW_FLOATS = (np.dtype(np.float32), np.dtype(np.float16))
 
 
 def _fail(outcome: Outcome, stage: str, error: BaseException) -> None:

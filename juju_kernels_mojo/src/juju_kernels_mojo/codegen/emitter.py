@@ -364,14 +364,53 @@ class Emitter:
     def copy_strided(self, shape, dst: Array, dst_strides, src, src_strides,
                      dst_offset: str = "", src_offset: str = "") -> None:
         """dst[dst_offset + sum(i * dst_stride)] = src[src_offset + sum(i * src_stride)]
-        for every index i of `shape`."""
+        for every index i of `shape`. Rows contiguous in both (a slice of
+        whole rows' columns, a concatenation's part) are copied in SIMD
+        vectors."""
+        shape, dst_strides, src_strides = coalesce(shape, dst_strides, src_strides)
+        if not math.prod(shape):
+            return
+        width = VECTOR_BYTES // dst.dtype.itemsize
+        if (isinstance(src, Array) and dst.dtype.kind in "fiu" and dst_strides[-1] == 1
+                and src_strides[-1] == 1 and shape[-1] >= width):
+            self._copy_rows(shape, dst, dst_strides, src, src_strides, dst_offset, src_offset,
+                            width)
+            return
+
         def body(idx):
             to = add_offsets(dst_offset, index_expr(idx, dst_strides))
             at = add_offsets(src_offset, index_expr(idx, src_strides))
             self.emit(f"{dst.at(to)} = {src.at(at)}")
 
-        if math.prod(shape):
-            self.nest(shape, body, parallel=True)
+        self.nest(shape, body, parallel=True)
+
+    def _copy_rows(self, shape, dst, dst_strides, src, src_strides, dst_offset, src_offset,
+                   width: int) -> None:
+        last = shape[-1]
+        body = last - last % width
+
+        def vectors(to, at, lo, hi):
+            j = self.fresh("j")
+            with self.block(f"for {j} in range({lo}, {hi}, {width}):"):
+                self.emit(dst.store(add_offsets(to, j), src.load(add_offsets(at, j), width)))
+
+        def tail(to, at):  # fewer than `width` elements
+            for j in map(str, range(body, last)):
+                self.emit(f"{dst.at(add_offsets(to, j))} = {src.at(add_offsets(at, j))}")
+
+        if len(shape) == 1:  # one contiguous run: its vectors split over the cores
+            with self.split(body, width) as (lo, hi):
+                vectors(dst_offset, src_offset, lo, hi)
+            tail(dst_offset, src_offset)
+            return
+
+        def row(idx):
+            to = add_offsets(dst_offset, index_expr(idx, dst_strides[:-1]))
+            at = add_offsets(src_offset, index_expr(idx, src_strides[:-1]))
+            vectors(to, at, "0", str(body))
+            tail(to, at)
+
+        self.nest(shape[:-1], row, parallel=True, work=math.prod(shape))
 
     def strided(self, out: Array, src, src_strides, src_offset: str = "") -> None:
         """out[i...] = src[offset + sum(i * stride)] over out's shape."""
@@ -401,6 +440,25 @@ class Emitter:
                 self.copy(src, dst)
         for src, tmp, dst, direct in zip(new, staged, carry, computed):
             self.copy(src if direct else tmp, dst)
+
+
+def coalesce(shape, *strides_of) -> tuple:
+    """`shape` and each array's strides over it with axes of size 1 dropped
+    and adjacent axes merged where every array steps over both as one."""
+    axes = [d for d, n in enumerate(shape) if n != 1] or [len(shape) - 1] if shape else []
+    if not axes:
+        return [1], *([0] for _ in strides_of)
+    dims, merged = [shape[axes[0]]], [[st[axes[0]]] for st in strides_of]
+    for d in axes[1:]:
+        if all(m[-1] == st[d] * shape[d] for m, st in zip(merged, strides_of)):
+            dims[-1] *= shape[d]
+            for m, st in zip(merged, strides_of):
+                m[-1] = st[d]
+        else:
+            dims.append(shape[d])
+            for m, st in zip(merged, strides_of):
+                m.append(st[d])
+    return dims, *merged
 
 
 def _in_place(jaxpr, into, eqns, start: int, stop: int, env, last_use) -> dict:
