@@ -485,6 +485,29 @@ def test_matches_jax(compiled, name):
             np.testing.assert_array_equal(np.signbit(g[zero]), np.signbit(e[zero]))
 
 
+def test_convolutions_as_products(monkeypatch):
+    """The same convolutions, forward and both gradients, each one product on
+    the BLAS (im2col) however small: every layout (NHWC/HWIO, NCHW/OIHW, the
+    gradients' swapped dimension numbers), padding, strides and dilations."""
+    from juju_kernels_mojo import blas
+    from juju_kernels_mojo.codegen import conv
+    if blas.find() is None:
+        pytest.skip("no BLAS found (numpy's)")
+    taken = []
+
+    def as_gemm(*args, **kw):
+        taken.append(original(*args, **kw))
+        return taken[-1]
+
+    original = conv._as_gemm
+    monkeypatch.setattr(conv, "_as_gemm", as_gemm)
+    monkeypatch.setattr(conv, "GEMM_MIN_WORK", 0)
+    fn, args = CASES["convolutions"]
+    got = juju.jit(fn)(*args)
+    assert sum(taken) >= 7, taken  # all but the grouped ones
+    assert_same(got, jax.jit(fn)(*args), rtol=1e-5, atol=5e-5)
+
+
 def test_unwritten_modes_are_refused():
     """An index mode the generator does not write (ONE_HOT) is refused, so
     the loop keeps lax's rule, not a wrong kernel."""

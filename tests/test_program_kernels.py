@@ -244,3 +244,36 @@ def test_the_path_and_every_refusal_are_named(monkeypatch, caplog):
         "juju-kernels-mojo: one generated kernel",)
     monkeypatch.setenv("JUJU_PROGRAM_KERNELS", "0")
     assert juju.jit(special_floats, tiered=False).lower(SPECIAL, SPECIAL).notes == ()
+
+
+def _program_source(fn, *args) -> str:
+    from juju._compat import dce
+    from juju_kernels_mojo import placement, program_kernels
+    from juju_kernels_mojo.codegen import loop_source
+
+    eqns, plan = placement.place(dce(jax.make_jaxpr(fn)(*args)).jaxpr)
+    assert plan.describe() == "one generated kernel", plan.describe()
+    (eqn,) = eqns
+    return loop_source(program_kernels.program_p, eqn.params, [v.aval for v in eqn.invars],
+                       [v.aval for v in eqn.outvars], "probe").source
+
+
+def test_parallel_regions_share_one_task():
+    """Loops split over the cores, at the top and inside a scan body (reading
+    the step's row: a loop-local integer), run through one task function
+    and one `sync_parallelize` call, not one inlined call each: each call
+    cost ~0.3 s of Mojo build (codegen/tasks.py)."""
+    n = 1 << 21
+
+    def program(c, xs):
+        def step(c, x):
+            return c * 1.5 + x, jnp.tanh(c)
+        c2, ys = lax.scan(step, jnp.sin(c) * 2.0, xs)
+        return c2, ys[:, ::2] + 1.0
+
+    c, xs = rng.standard_normal(n).astype(np.float32), rng.standard_normal((2, n)).astype(np.float32)
+    source = _program_source(program, c, xs)
+    body = source[source.index("def run_task("):]
+    assert body.count("task_number ==") >= 3, body[:2000]
+    assert body.count("sync_parallelize(") == 1
+    assert_same(juju.jit(program)(c, xs), jax.jit(program)(c, xs), rtol=2e-6, atol=1e-6)

@@ -1,19 +1,32 @@
-"""lax.conv_general_dilated in generated kernels: a direct convolution
-(any dimension numbers, strides, padding, lhs and rhs dilation, feature
-groups), as small CNN training steps need it, forward and both gradients.
-Where the output features are contiguous in the output and the kernel
-(NHWC/HWIO), each multiply-add is a SIMD vector of them. Larger
-convolutions exceed `loop_rules.MAX_WORK` and stay MAX's.
+"""lax.conv_general_dilated in generated kernels (any dimension numbers,
+strides, padding, lhs and rhs dilation, feature groups), forward and both
+gradients, as CNN training steps need it.
+
+A large float convolution is one matrix product on the BLAS, as XLA's CPU
+convolutions are Eigen's: its input windows copied into the rows of a
+matrix (im2col, O(windows) moves), times the kernel as a matrix. Others
+are direct loops: where the output features are contiguous in the output
+and the kernel (NHWC/HWIO), each multiply-add is a SIMD vector of them.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from juju import primitives as P
-from juju_kernels_mojo.codegen.mojo import VECTOR_BYTES, Unsupported, index_expr, literal, mojo_dtype
+from juju_kernels_mojo import blas
+from juju_kernels_mojo.codegen.dot import gemm_call
+from juju_kernels_mojo.codegen.mojo import (VECTOR_BYTES, Array, Const, Unsupported, add_offsets,
+                                            index_expr, literal, mojo_dtype)
 from juju_kernels_mojo.codegen.mojo import strides as row_major
 from juju_kernels_mojo.codegen.windows import window_coordinate
+
+#: Multiply-adds from which a convolution is a matrix product (im2col) on
+#: the BLAS, and the largest window matrix (elements) it copies for one.
+GEMM_MIN_WORK = 1 << 20
+GEMM_MAX_WINDOWS = 1 << 27
 
 
 def conv_general_dilated(emitter, prim, ins, outs, *, window_strides, padding, lhs_dilation,
@@ -73,6 +86,9 @@ def conv_general_dilated(emitter, prim, ins, outs, *, window_strides, padding, l
         accumulate(idx, acc, lambda x, at: f"{acc} += {x} * {rhs.at(at)}")
         emitter.emit(f"{out.at(index_expr(idx, ost))} = {acc}")
 
+    if feature_group_count == 1 and _as_gemm(emitter, lhs, rhs, out, specs, window_strides,
+                                             padding, lhs_dilation, rhs_dilation):
+        return
     width = VECTOR_BYTES // out.dtype.itemsize
     features = out.shape[of]
     vectorized = feature_group_count == 1 and ost[of] == 1 and rst[ro] == 1 and features >= width
@@ -105,6 +121,111 @@ def conv_general_dilated(emitter, prim, ins, outs, *, window_strides, padding, l
                      parallel=True, work=work)
     # Scalar multiply-adds count twice against vectorized element operations.
     emitter.work += (1 if vectorized else 2) * out.size * per_group_in * math.prod(kernel)
+
+
+def _as_gemm(emitter, lhs, rhs, out, specs, window_strides, padding, lhs_dilation,
+             rhs_dilation) -> bool:
+    """out = windows . kernel on the BLAS (else False): `windows` [R, C] holds
+    for each output position (n, s...) the inputs its window reads, in the
+    kernel's layout (i, k...), zeros for padding; the kernel is the matrix
+    [C, O] (or [O, C]) it is where its output feature axis is its first or
+    last, else a copy of it in that layout; the product [R, O] is the output
+    where its feature axis is its last (first: the product transposed),
+    else copied into it."""
+    (lb, lf, *ls), (ro, ri, *rs), (ob, of, *os_) = specs
+    rank = len(out.shape)
+    kernel = [rhs.shape[d] for d in rs]
+    o_count, rows_dims = out.shape[of], [d for d in range(rank) if d != of]
+    cols_dims = [d for d in range(rank) if d != ro]
+    rows, cols = out.size // o_count, rhs.size // o_count
+    if not (isinstance(lhs, Array) and isinstance(rhs, Array)
+            and out.dtype in (np.float32, np.float64)) or rows * cols > GEMM_MAX_WINDOWS:
+        return False
+    if out.size * cols < GEMM_MIN_WORK:
+        return False
+    library = blas.find()
+    if library is None:
+        return False
+    windows = emitter.scratch((rows, cols), out.dtype)
+    _im2col(emitter, lhs, rhs, out, windows, specs, rows_dims, cols_dims, kernel, window_strides,
+            padding, lhs_dilation, rhs_dilation)
+    rst = row_major(rhs.shape)
+    if ro in (0, rank - 1):
+        matrix, kernel_transposed = rhs, ro == 0  # [O, C] as it lies where ro == 0
+    else:
+        shape = [rhs.shape[d] for d in cols_dims] + [o_count]
+        matrix, kernel_transposed = emitter.scratch(shape, rhs.dtype), False
+        emitter.copy_strided(shape, matrix, row_major(shape), rhs,
+                             [rst[d] for d in cols_dims] + [rst[ro]])
+    if of == 0:  # out [O, R] = kernel^T [O, C] . windows^T [C, R]
+        gemm_call(emitter, library, not kernel_transposed, True, 1, o_count, rows, cols,
+                  matrix, windows, out)
+    else:
+        product = out if of == rank - 1 else emitter.scratch((rows, o_count), out.dtype)
+        gemm_call(emitter, library, False, kernel_transposed, 1, rows, o_count, cols,
+                  windows, matrix, product)
+        if product is not out:
+            ost = row_major(out.shape)
+            shape = [out.shape[d] for d in rows_dims] + [o_count]
+            emitter.copy_strided(shape, out, [ost[d] for d in rows_dims] + [ost[of]], product,
+                                 row_major(shape))
+    emitter.work += out.size + windows.size
+    return True
+
+
+def _im2col(emitter, lhs, rhs, out, windows, specs, rows_dims, cols_dims, kernel,
+            window_strides, padding, lhs_dilation, rhs_dilation) -> None:
+    """windows[r, c] = the input that output position r (out's axes but its
+    feature axis, as they lie) multiplies by kernel entry c (rhs's axes but
+    its output feature axis, as they lie), or 0 where that is padding."""
+    (lb, lf, *ls), (ro, ri, *rs), (ob, of, *os_) = specs
+    lst = row_major(lhs.shape)
+    row_shape = [out.shape[d] for d in rows_dims]
+    col_shape = [rhs.shape[d] for d in cols_dims]
+    cols = math.prod(col_shape)
+    zero = literal(0, out.dtype)
+
+    width = VECTOR_BYTES // out.dtype.itemsize
+    # NHWC input, HWIO kernel: a window's input features are a contiguous
+    # run of both the input and a row of `windows`, copied as vectors.
+    runs = cols_dims[-1] == ri and lst[lf] == 1 and col_shape[-1] >= width
+    outer_cols = col_shape[:-1] if runs else col_shape
+
+    def row(ridx):
+        idx = dict(zip(rows_dims, ridx))
+        r = index_expr(ridx, row_major(row_shape))
+
+        def element(cidx):
+            kidx = dict(zip(cols_dims, cidx if not runs else [*cidx, "0"]))
+            conditions, terms = [], [_term(idx[ob], lst[lb]), _term(kidx[ri], lst[lf])]
+            for d in range(len(ls)):
+                coordinate, checks = window_coordinate(
+                    idx[os_[d]], kidx[rs[d]], window_strides[d], rhs_dilation[d],
+                    lhs_dilation[d], padding[d][0], out.shape[os_[d]], kernel[d],
+                    lhs.shape[ls[d]])
+                conditions += checks
+                terms.append(_term(coordinate, lst[ls[d]]))
+            at = f"({r}) * {cols} + {index_expr([*cidx, '0'] if runs else cidx, row_major(col_shape))}"
+            with emitter.block(f"if {' and '.join(conditions) or 'True'}:"):
+                if runs:
+                    emitter.copy(Array(lhs.ptr, (col_shape[-1],), lhs.dtype,
+                                       add_offsets(lhs.offset, _sum(terms))),
+                                 Array(windows.ptr, (col_shape[-1],), windows.dtype,
+                                       add_offsets(windows.offset, at)))
+                else:
+                    emitter.emit(f"{windows.at(at)} = {lhs.at(_sum(terms))}")
+            if conditions:
+                with emitter.block("else:"):
+                    if runs:
+                        emitter.copy(Const(0, (col_shape[-1],), out.dtype),
+                                     Array(windows.ptr, (col_shape[-1],), windows.dtype,
+                                           add_offsets(windows.offset, at)))
+                    else:
+                        emitter.emit(f"{windows.at(at)} = {zero}")
+
+        emitter.nest(outer_cols, element)
+
+    emitter.nest(row_shape, row, parallel=True, work=windows.size)
 
 
 def _term(index: str, stride: int) -> str:

@@ -156,14 +156,21 @@ def _gemm(emitter, lhs, rhs, out, dimension_numbers) -> bool:
         lhs, ta = _canonical(emitter, lhs, [*lb, *_free(lhs, lb, lc), *lc]), False
     if tb is None:
         rhs, tb = _canonical(emitter, rhs, [*rb, *rc, *_free(rhs, rb, rc)]), False
-    symbol = library.sgemm if out.dtype == np.float32 else library.dgemm
+    gemm_call(emitter, library, ta, tb, batch, m, n, k, lhs, rhs, out)
+    return True
+
+
+def gemm_call(emitter, library, ta: bool, tb: bool, batch: int, m: int, n: int, k: int,
+              a: Array, b: Array, c: Array) -> None:
+    """c[i] = op(a[i]) op(b[i]) for i < batch, row-major [m, n] results
+    (op: transposed where `ta`/`tb`), split over the cores where large."""
+    symbol = library.sgemm if c.dtype == np.float32 else library.dgemm
     emitter.threads = True
     parallel = not emitter.in_task and batch * m * n * k >= (
         BLAS_PARALLEL_MIN_IN_LOOP if emitter.loops else BLAS_PARALLEL_MIN)
-    emitter.emit(f'blas_gemm[{mojo_dtype(out.dtype)}, "{library.path}", "{symbol}", '
+    emitter.emit(f'blas_gemm[{mojo_dtype(c.dtype)}, "{library.path}", "{symbol}", '
                  f'{library.ilp64}]({ta}, {tb}, {batch}, {m}, {n}, {k}, {parallel}, '
-                 f'{lhs.address()}, {rhs.address()}, {out.address()})')
-    return True
+                 f'{a.address()}, {b.address()}, {c.address()})')
 
 
 def _free(x, batch, contract) -> list[int]:

@@ -18,7 +18,7 @@ from jax.extend import core as jex_core
 
 from juju import fallback
 from juju._compat import is_key_dtype
-from juju_kernels_mojo.codegen import complex_parts, fusion, parts, prng
+from juju_kernels_mojo.codegen import complex_parts, fusion, parts, prng, tasks
 from juju_kernels_mojo.codegen.mojo import (VECTOR_BYTES, Array, Const, Unsupported,
                                             add_offsets, index_expr, mojo_dtype, scalar_type)
 from juju_kernels_mojo.codegen.mojo import strides as row_major
@@ -58,6 +58,8 @@ class Emitter:
         self.threads = False  # uses THREADS_PRELUDE (tasks on the cores, the BLAS)
         self.fusion = False  # uses fusion.FUSION_PRELUDE (vector max/min)
         self.loops = 0  # depth of scan/while bodies being written
+        self.regions: list = []  # (locals, body) of parallel regions (tasks.dispatcher)
+        self.defined: dict[str, str] = {}  # local name -> the expression defining it
 
     def parallel_min(self) -> int:
         """The work (element operations) from which a loop runs on the cores."""
@@ -81,6 +83,8 @@ class Emitter:
 
     def emit(self, line: str) -> None:
         self.lines.append("    " * self.depth + line)
+        for name, expr in tasks.definitions(line):
+            self.defined.setdefault(name, expr)
 
     @contextlib.contextmanager
     def block(self, header: str):
@@ -117,13 +121,15 @@ class Emitter:
         return self.value(x.shape, x.dtype)
 
     def decls(self) -> list[str]:
-        """The pools' allocation, before the loops."""
+        """The pools' allocation and the parallel regions' task
+        (`tasks.dispatcher`), before the loops."""
         lines = []
         for dtype, size in self.pools.items():
             name = f"p_{dtype.name}"
             lines.append(f"var {name}_list = List[{scalar_type(dtype)}](length={size}, fill=0)")
             lines.append(f"var {name} = {name}_list.unsafe_ptr()")
-        return lines
+        pad = "    " * tasks.DISPATCH_DEPTH
+        return lines + [line[len(pad):] for line in tasks.dispatcher(self.regions)]
 
     def nest(self, shape, body, parallel: bool = False, work: int | None = None) -> None:
         """Loops over `shape` (row-major), calling body(index names) inside.
@@ -171,19 +177,31 @@ class Emitter:
             yield "0", str(size)
             return
         self.threads = True
-        task, t, cores, chunk = (self.fresh(x) for x in ("task", "t", "cores", "chunk"))
+        cores, chunk = self.fresh("cores"), self.fresh("chunk")
         start, stop = self.fresh("lo"), self.fresh("hi")
         self.emit(f"var {cores} = kernel_cores()")
         self.emit(f"var {chunk} = ({size} + {cores} * {width} - 1) // ({cores} * {width})"
                   f" * {width}")
-        with self.block(f"def {task}({t}: Int) {{var}}:"), self.block("with FlushDenormals():"):
-            self.emit(f"var {start} = min({t} * {chunk}, {size})")
+        mark, depth = len(self.lines), self.depth
+        self.depth, self.in_task = tasks.BODY_DEPTH, True
+        try:
+            self.emit(f"var {start} = min({tasks.TASK_INDEX} * {chunk}, {size})")
             self.emit(f"var {stop} = min({start} + {chunk}, {size})")
-            self.in_task = True
-            try:
-                yield start, stop
-            finally:
-                self.in_task = False
+            yield start, stop
+        finally:
+            body = self.lines[mark:]
+            del self.lines[mark:]
+            self.depth, self.in_task = depth, False
+        slots = tasks.free_ints(body, self.defined)
+        if slots is not None:
+            for line in tasks.launch(slots, len(self.regions), cores):
+                self.emit(line)
+            self.regions.append((slots, body))
+            return
+        task = self.fresh("task")  # it reads a local that is not an integer
+        with self.block(f"def {task}({tasks.TASK_INDEX}: Int) {{var}}:"), \
+                self.block("with FlushDenormals():"):
+            self.lines += tasks.reindent(body, self.depth)
         self.emit(f"sync_parallelize({task}, {cores})")
 
     def copy(self, src, dst: Array, convert=None) -> None:
