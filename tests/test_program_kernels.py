@@ -277,3 +277,45 @@ def test_parallel_regions_share_one_task():
     assert body.count("task_number ==") >= 3, body[:2000]
     assert body.count("sync_parallelize(") == 1
     assert_same(juju.jit(program)(c, xs), jax.jit(program)(c, xs), rtol=2e-6, atol=1e-6)
+
+
+def test_factorizations_call_lapack():
+    """Cholesky and triangular solves in a program kernel are LAPACK's
+    ?potrf and the BLAS's ?trsm (codegen/linalg.py): every side, triangle,
+    transpose and diagonal; symmetrized input; a matrix that is not positive
+    definite (NaN, as XLA gives); a batch; solves large enough to be split
+    over the cores (by columns, by rows); against jax.jit."""
+    import jax.scipy.linalg as jsl
+    from juju_kernels_mojo import blas
+
+    if blas.find() is None or not blas.find().potrf:
+        pytest.skip("no LAPACK in numpy's OpenBLAS")
+
+    def program(a, b, wide, stack):
+        spd = a @ a.T + 64 * jnp.eye(a.shape[0])
+        factor = lax.linalg.cholesky(spd)
+        outs = [factor, lax.linalg.cholesky(a, symmetrize_input=True),  # not PD
+                jsl.cho_solve((factor, True), b)]
+        tri = 0.05 * a + 8 * jnp.eye(a.shape[0])  # well conditioned, with a unit diagonal too
+        for left in (True, False):
+            for lower in (True, False):
+                for transpose in (True, False):
+                    for unit in (True, False):
+                        outs.append(lax.linalg.triangular_solve(
+                            tri, b if left else b.T, left_side=left, lower=lower,
+                            transpose_a=transpose, unit_diagonal=unit))
+        outs.append(lax.linalg.triangular_solve(tri, wide, left_side=True, lower=True))
+        outs.append(lax.linalg.triangular_solve(tri, wide.T, left_side=False, lower=False))
+        outs.append(jax.vmap(lambda m: lax.linalg.cholesky(m @ m.T + 40 * jnp.eye(40)))(stack))
+        return outs
+
+    args = (rng.standard_normal((128, 128)).astype(np.float32),
+            rng.standard_normal((128, 20)).astype(np.float32),
+            rng.standard_normal((128, 256)).astype(np.float32),
+            rng.standard_normal((3, 40, 40)).astype(np.float32))
+    source = _program_source(program, *args)
+    calls = lambda name: source.count(f"{name}[") - 1  # less the definition
+    assert calls("lapack_potrf") == 3 and calls("blas_trsm") == 20
+    got, want = juju.jit(program)(*args), jax.jit(program)(*args)
+    assert np.isnan(np.asarray(want[1])).any()
+    assert_same(got, want, rtol=2e-4, atol=2e-4)

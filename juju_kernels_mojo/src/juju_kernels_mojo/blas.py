@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from juju_kernels_mojo.build import cache_dir
@@ -30,6 +30,10 @@ class BlasLibrary:
     sgemm: str
     dgemm: str
     ilp64: bool  # 64-bit integer arguments
+    #: dtype name -> the library's ?trsm (cblas) and ?potrf (LAPACKE), where
+    #: it has them (generated kernels' triangular solves and Cholesky)
+    trsm: dict = field(default_factory=dict)
+    potrf: dict = field(default_factory=dict)
 
 
 # (package whose wheel ships the library, file pattern, symbol prefix and
@@ -80,7 +84,9 @@ def _find() -> BlasLibrary | None:
             try:
                 copy = _private_copy(path)
                 handle = ctypes.CDLL(copy)
-                found = BlasLibrary(copy, f"{prefix}sgemm{suffix}", f"{prefix}dgemm{suffix}", ilp64)
+                found = BlasLibrary(copy, f"{prefix}sgemm{suffix}", f"{prefix}dgemm{suffix}", ilp64,
+                                    _present(handle, f"{prefix}{{}}trsm{suffix}"),
+                                    _present(handle, f"scipy_LAPACKE_{{}}potrf{suffix}"))
                 for symbol in (found.sgemm, found.dgemm):
                     getattr(handle, symbol)
                 getattr(handle, set_threads)(1)
@@ -90,3 +96,13 @@ def _find() -> BlasLibrary | None:
             _loaded.append(handle)
             return found
     return None
+
+
+def _present(handle, pattern: str) -> dict:
+    """dtype name -> `pattern` for "s" (float32) and "d" (float64), those the
+    library exports."""
+    found = {}
+    for letter, dtype in (("s", "float32"), ("d", "float64")):
+        if hasattr(handle, pattern.format(letter)):
+            found[dtype] = pattern.format(letter)
+    return found

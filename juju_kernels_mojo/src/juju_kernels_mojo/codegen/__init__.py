@@ -22,6 +22,7 @@ to its writer, `writer(emitter, prim, ins, outs, **params)`):
 | `indexing` | dynamic slices, gather, scatter |
 | `reductions`, `windows` | reductions, argmax/argmin, lax.reduce; window and cumulative reductions |
 | `dot`, `conv` | dot_general; convolutions |
+| `linalg` | cholesky and triangular_solve on LAPACK and the BLAS |
 | `sort` | lax.sort of rows |
 | `control_flow` | cond, scan, while, calls |
 | `prng`, `complex_parts`, `parts` | PRNG keys and complex numbers, as their parts |
@@ -29,14 +30,14 @@ to its writer, `writer(emitter, prim, ins, outs, **params)`):
 | | any equation whose rule is a decomposition (`juju.lower_fun`) is written from it |
 """
 
-from juju_kernels_mojo.codegen import (control_flow, conv, dot, elementwise, indexing, prng,
-                                       reductions, sort, structural, windows)
+from juju_kernels_mojo.codegen import (control_flow, conv, dot, elementwise, indexing, linalg,
+                                       prng, reductions, sort, structural, windows)
 from juju_kernels_mojo.codegen.emitter import EQUATIONS, FORWARDING, PARTS_CARRIERS, Emitter
 from juju_kernels_mojo.codegen.mojo import Unsupported
 from juju_kernels_mojo.codegen.source import LoopKernel, loop_source, shared_source
 
 for _family in (elementwise, structural, indexing, reductions, dot, control_flow, prng, windows,
-                conv, sort):
+                conv, sort, linalg):
     EQUATIONS.update(_family.EQUATIONS)
 PARTS_CARRIERS.update(control_flow.PARTS_CARRIERS)
 FORWARDING.update(control_flow.FORWARDING)

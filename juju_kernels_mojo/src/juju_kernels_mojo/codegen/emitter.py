@@ -17,7 +17,7 @@ import numpy as np
 from jax.extend import core as jex_core
 
 from juju import fallback
-from juju._compat import is_key_dtype
+from juju._compat import ShapedArray, is_key_dtype
 from juju_kernels_mojo.codegen import complex_parts, fusion, parts, prng, tasks
 from juju_kernels_mojo.codegen.mojo import (VECTOR_BYTES, Array, Const, Unsupported,
                                             add_offsets, index_expr, mojo_dtype, scalar_type)
@@ -57,6 +57,7 @@ class Emitter:
         self.in_task = False  # writing the body of a task on a worker thread
         self.threads = False  # uses THREADS_PRELUDE (tasks on the cores, the BLAS)
         self.fusion = False  # uses fusion.FUSION_PRELUDE (vector max/min)
+        self.linalg = False  # uses linalg.LINALG_PRELUDE (LAPACK, triangular solves)
         self.loops = 0  # depth of scan/while bodies being written
         self.regions: list = []  # (locals, body) of parallel regions (tasks.dispatcher)
         self.defined: dict[str, str] = {}  # local name -> the expression defining it
@@ -334,15 +335,20 @@ class Emitter:
             # A primitive whose rule is a decomposition (jax.scipy's special
             # functions, equinox's unvmap_any through juju's fallback, ...):
             # the same jaxpr, written here.
-            closed = self.decomposition(prim, avals, out_avals, params)
-            if closed is not None:
-                outs_of = self.jaxpr(closed, ins)
-                for src, dst in zip(outs_of, outs, strict=True):
-                    self.copy(src, dst)
-                return
+            self.decomposed(prim, ins, outs, params, avals, out_avals)
+            return
         if method is None:
             raise Unsupported(f"primitive {prim.name}")
         method(self, prim, ins, outs, **params)
+
+    def decomposed(self, prim, ins, outs, params, avals=None, out_avals=None) -> None:
+        """`prim` written as its rule's decomposition (`decomposition`)."""
+        shaped = lambda xs: [ShapedArray(x.shape, x.dtype) for x in xs]
+        closed = self.decomposition(prim, avals or shaped(ins), out_avals or shaped(outs), params)
+        if closed is None:
+            raise Unsupported(f"primitive {prim.name}")
+        for src, dst in zip(self.jaxpr(closed, ins), outs, strict=True):
+            self.copy(src, dst)
 
     @staticmethod
     def decomposition(prim, avals, out_avals, params):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from juju.dtypes import physical_aval
-from juju_kernels_mojo.codegen import fusion, parts, prng, sort
+from juju_kernels_mojo.codegen import fusion, linalg, parts, prng, sort
 from juju_kernels_mojo.codegen.emitter import Emitter
 from juju_kernels_mojo.codegen.mojo import PRELUDE, THREADS_PRELUDE, Array, mojo_dtype
 
@@ -72,7 +72,8 @@ def loop_source(prim, params, in_avals, out_avals, name: str,
     else:
         entry = _custom_op_entry(name, inputs, out_data, len(in_avals))
     preludes = (PRELUDE, *([THREADS_PRELUDE] if e.threads else []),
-                *([fusion.FUSION_PRELUDE] if e.fusion else []), prng.PRELUDE, sort.PRELUDE)
+                *([fusion.FUSION_PRELUDE] if e.fusion else []),
+                *([linalg.LINALG_PRELUDE] if e.linalg else []), prng.PRELUDE, sort.PRELUDE)
     source = "\n".join([
         *preludes,
         "",
