@@ -280,11 +280,12 @@ def test_parallel_regions_share_one_task():
 
 
 def test_factorizations_call_lapack():
-    """Cholesky and triangular solves in a program kernel are LAPACK's
-    ?potrf and the BLAS's ?trsm (codegen/linalg.py): every side, triangle,
-    transpose and diagonal; symmetrized input; a matrix that is not positive
-    definite (NaN, as XLA gives); a batch; solves large enough to be split
-    over the cores (by columns, by rows); against jax.jit."""
+    """Cholesky, LU and triangular solves in a program kernel are LAPACK's
+    ?potrf and ?getrf and the BLAS's ?trsm (codegen/linalg.py): every side,
+    triangle, transpose and diagonal; symmetrized input; a matrix that is
+    not positive definite (NaN, as XLA gives); batches; wide and tall LU
+    (pivots, permutation); solves large enough to be split over the cores
+    (by columns, by rows); against jax.jit."""
     import jax.scipy.linalg as jsl
     from juju_kernels_mojo import blas
 
@@ -307,6 +308,8 @@ def test_factorizations_call_lapack():
         outs.append(lax.linalg.triangular_solve(tri, wide, left_side=True, lower=True))
         outs.append(lax.linalg.triangular_solve(tri, wide.T, left_side=False, lower=False))
         outs.append(jax.vmap(lambda m: lax.linalg.cholesky(m @ m.T + 40 * jnp.eye(40)))(stack))
+        outs += [*lax.linalg.lu(a), *lax.linalg.lu(stack), *lax.linalg.lu(wide),
+                 *lax.linalg.lu(wide.T[:, :100]), jnp.linalg.solve(a, b)]
         return outs
 
     args = (rng.standard_normal((128, 128)).astype(np.float32),
@@ -315,7 +318,8 @@ def test_factorizations_call_lapack():
             rng.standard_normal((3, 40, 40)).astype(np.float32))
     source = _program_source(program, *args)
     calls = lambda name: source.count(f"{name}[") - 1  # less the definition
-    assert calls("lapack_potrf") == 3 and calls("blas_trsm") == 20
+    assert calls("lapack_potrf") == 3 and calls("lapack_getrf") == 5
+    assert calls("blas_trsm") == 22
     got, want = juju.jit(program)(*args), jax.jit(program)(*args)
     assert np.isnan(np.asarray(want[1])).any()
     assert_same(got, want, rtol=2e-4, atol=2e-4)

@@ -34,6 +34,7 @@ class BlasLibrary:
     #: it has them (generated kernels' triangular solves and Cholesky)
     trsm: dict = field(default_factory=dict)
     potrf: dict = field(default_factory=dict)
+    getrf: dict = field(default_factory=dict)
 
 
 # (package whose wheel ships the library, file pattern, symbol prefix and
@@ -86,7 +87,8 @@ def _find() -> BlasLibrary | None:
                 handle = ctypes.CDLL(copy)
                 found = BlasLibrary(copy, f"{prefix}sgemm{suffix}", f"{prefix}dgemm{suffix}", ilp64,
                                     _present(handle, f"{prefix}{{}}trsm{suffix}"),
-                                    _present(handle, f"scipy_LAPACKE_{{}}potrf{suffix}"))
+                                    _present(handle, f"scipy_LAPACKE_{{}}potrf{suffix}"),
+                                    _present(handle, f"scipy_LAPACKE_{{}}getrf{suffix}"))
                 for symbol in (found.sgemm, found.dgemm):
                     getattr(handle, symbol)
                 getattr(handle, set_threads)(1)

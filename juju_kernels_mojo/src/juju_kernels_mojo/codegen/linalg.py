@@ -1,6 +1,6 @@
-"""Cholesky factorizations and triangular solves in generated kernels:
-LAPACK's ?potrf and the BLAS's ?trsm (the private copy of numpy's
-OpenBLAS, `juju_kernels_mojo.blas`), as XLA's CPU calls LAPACK. Written as
+"""Cholesky and LU factorizations and triangular solves in generated
+kernels: LAPACK's ?potrf and ?getrf and the BLAS's ?trsm (the private copy
+of numpy's OpenBLAS, `juju_kernels_mojo.blas`), as XLA's CPU calls LAPACK. Written as
 juju_ops_lax's decompositions (a loop over columns or rows, scalar work
 O(n^3)), a Gaussian process's 2048x2048 factor and solves ran at 190x
 jax.jit. Small matrices, complex numbers or a library without the symbols
@@ -44,6 +44,38 @@ def lapack_potrf[dt: DType, library: StaticString, symbol: StaticString, ilp64: 
             if info != 0:
                 for c in range(r + 1):
                     m[r * n + c] = nan[dt]()
+
+
+def lapack_getrf[dt: DType, library: StaticString, symbol: StaticString, ilp64: Bool](
+    batch: Int, m: Int, n: Int, a: UnsafePointer[Scalar[dt], MutAnyOrigin],
+    pivots: UnsafePointer[Int32, MutAnyOrigin], perm: UnsafePointer[Int32, MutAnyOrigin]
+) raises:
+    """a[i] = its LU factors with partial pivoting for i < batch (row-major),
+    lax.linalg.lu's pivots (0-based row swaps) and the permutation they make."""
+    var lib = OwnedDLHandle(library, RTLD.NOW | RTLD.LOCAL)
+    var k = min(m, n)
+    var ipiv64 = List[Int64](length=k, fill=0)
+    var ipiv32 = List[Int32](length=k, fill=0)
+    for i in range(batch):
+        var ai = a.unsafe_offset(i * m * n)
+        comptime if ilp64:
+            var getrf = lib.get_function[Int64](symbol)
+            _ = getrf(Int32(101), Int64(m), Int64(n), ai, Int64(n), ipiv64.unsafe_ptr())
+        else:
+            var getrf = lib.get_function[Int32](symbol)
+            _ = getrf(Int32(101), Int32(m), Int32(n), ai, Int32(n), ipiv32.unsafe_ptr())
+        for r in range(m):
+            perm[i * m + r] = Int32(r)
+        for r in range(k):
+            var p: Int
+            comptime if ilp64:
+                p = Int(ipiv64[r]) - 1
+            else:
+                p = Int(ipiv32[r]) - 1
+            pivots[i * k + r] = Int32(p)
+            var row = perm[i * m + r]
+            perm[i * m + r] = perm[i * m + p]
+            perm[i * m + p] = row
 
 
 def blas_trsm[dt: DType, library: StaticString, symbol: StaticString, ilp64: Bool](
@@ -156,4 +188,20 @@ def triangular_solve(emitter, prim, ins, outs, *, left_side, lower, transpose_a,
     emitter.work += out.size
 
 
-EQUATIONS = {P.cholesky_p: cholesky, P.triangular_solve_p: triangular_solve}
+def lu(emitter, prim, ins, outs):
+    (a,), (out, pivots, permutation) = ins, outs
+    m, n = a.shape[-2], a.shape[-1]
+    found = _library(out.dtype, min(m, n), "getrf") if isinstance(a, Array) else None
+    if found is None or pivots.dtype != np.int32 or permutation.dtype != np.int32:
+        emitter.decomposed(prim, ins, outs, {})
+        return
+    library, symbol = found
+    emitter.copy(a, out)
+    emitter.linalg = emitter.threads = True
+    emitter.emit(f'lapack_getrf[{mojo_dtype(out.dtype)}, "{library.path}", "{symbol}", '
+                 f'{library.ilp64}]({math.prod(a.shape[:-2])}, {m}, {n}, {out.address()}, '
+                 f'{pivots.address()}, {permutation.address()})')
+    emitter.work += out.size
+
+
+EQUATIONS = {P.cholesky_p: cholesky, P.triangular_solve_p: triangular_solve, P.lu_p: lu}
