@@ -280,12 +280,13 @@ def test_parallel_regions_share_one_task():
 
 
 def test_factorizations_call_lapack():
-    """Cholesky, LU and triangular solves in a program kernel are LAPACK's
-    ?potrf and ?getrf and the BLAS's ?trsm (codegen/linalg.py): every side,
-    triangle, transpose and diagonal; symmetrized input; a matrix that is
-    not positive definite (NaN, as XLA gives); batches; wide and tall LU
-    (pivots, permutation); solves large enough to be split over the cores
-    (by columns, by rows); against jax.jit."""
+    """Cholesky, LU, QR and triangular solves in a program kernel are
+    LAPACK's ?potrf, ?getrf, ?geqrf and ?orgqr and the BLAS's ?trsm
+    (codegen/linalg.py): every side, triangle, transpose and diagonal;
+    symmetrized input; a matrix that is not positive definite (NaN, as XLA
+    gives); batches; wide and tall LU (pivots, permutation) and QR (reduced,
+    complete, R only); solves large enough to be split over the cores (by
+    columns, by rows); against jax.jit."""
     import jax.scipy.linalg as jsl
     from juju_kernels_mojo import blas
 
@@ -309,7 +310,9 @@ def test_factorizations_call_lapack():
         outs.append(lax.linalg.triangular_solve(tri, wide.T, left_side=False, lower=False))
         outs.append(jax.vmap(lambda m: lax.linalg.cholesky(m @ m.T + 40 * jnp.eye(40)))(stack))
         outs += [*lax.linalg.lu(a), *lax.linalg.lu(stack), *lax.linalg.lu(wide),
-                 *lax.linalg.lu(wide.T[:, :100]), jnp.linalg.solve(a, b)]
+                 *lax.linalg.lu(wide.T[:, :100]), jnp.linalg.solve(a, b),
+                 *jnp.linalg.qr(a), *jnp.linalg.qr(wide.T), *jnp.linalg.qr(stack),
+                 *jnp.linalg.qr(wide.T[:, :60], mode="complete"), jnp.linalg.qr(wide, mode="r")]
         return outs
 
     args = (rng.standard_normal((128, 128)).astype(np.float32),
@@ -319,6 +322,7 @@ def test_factorizations_call_lapack():
     source = _program_source(program, *args)
     calls = lambda name: source.count(f"{name}[") - 1  # less the definition
     assert calls("lapack_potrf") == 3 and calls("lapack_getrf") == 5
+    assert calls("lapack_geqrf") == 5 and calls("lapack_orgqr") == 5
     assert calls("blas_trsm") == 22
     got, want = juju.jit(program)(*args), jax.jit(program)(*args)
     assert np.isnan(np.asarray(want[1])).any()

@@ -35,6 +35,8 @@ class BlasLibrary:
     trsm: dict = field(default_factory=dict)
     potrf: dict = field(default_factory=dict)
     getrf: dict = field(default_factory=dict)
+    geqrf: dict = field(default_factory=dict)
+    orgqr: dict = field(default_factory=dict)
 
 
 # (package whose wheel ships the library, file pattern, symbol prefix and
@@ -88,7 +90,8 @@ def _find() -> BlasLibrary | None:
                 found = BlasLibrary(copy, f"{prefix}sgemm{suffix}", f"{prefix}dgemm{suffix}", ilp64,
                                     _present(handle, f"{prefix}{{}}trsm{suffix}"),
                                     _present(handle, f"scipy_LAPACKE_{{}}potrf{suffix}"),
-                                    _present(handle, f"scipy_LAPACKE_{{}}getrf{suffix}"))
+                                    *(_present(handle, f"scipy_LAPACKE_{{}}{name}{suffix}")
+                                      for name in ("getrf", "geqrf", "orgqr")))
                 for symbol in (found.sgemm, found.dgemm):
                     getattr(handle, symbol)
                 getattr(handle, set_threads)(1)

@@ -1,5 +1,5 @@
-"""Cholesky and LU factorizations and triangular solves in generated
-kernels: LAPACK's ?potrf and ?getrf and the BLAS's ?trsm (the private copy
+"""Cholesky, LU and QR factorizations and triangular solves in generated
+kernels: LAPACK's ?potrf, ?getrf, ?geqrf and ?orgqr and the BLAS's ?trsm (the private copy
 of numpy's OpenBLAS, `juju_kernels_mojo.blas`), as XLA's CPU calls LAPACK. Written as
 juju_ops_lax's decompositions (a loop over columns or rows, scalar work
 O(n^3)), a Gaussian process's 2048x2048 factor and solves ran at 190x
@@ -78,6 +78,40 @@ def lapack_getrf[dt: DType, library: StaticString, symbol: StaticString, ilp64: 
             perm[i * m + p] = row
 
 
+def lapack_geqrf[dt: DType, library: StaticString, symbol: StaticString, ilp64: Bool](
+    batch: Int, m: Int, n: Int, a: UnsafePointer[Scalar[dt], MutAnyOrigin],
+    taus: UnsafePointer[Scalar[dt], MutAnyOrigin]) raises:
+    """a[i] = R above its diagonal and the Householder reflectors below,
+    taus[i] their scales, for i < batch (row-major)."""
+    var lib = OwnedDLHandle(library, RTLD.NOW | RTLD.LOCAL)
+    var k = min(m, n)
+    for i in range(batch):
+        comptime if ilp64:
+            var geqrf = lib.get_function[Int64](symbol)
+            _ = geqrf(Int32(101), Int64(m), Int64(n), a.unsafe_offset(i * m * n), Int64(n),
+                      taus.unsafe_offset(i * k))
+        else:
+            var geqrf = lib.get_function[Int32](symbol)
+            _ = geqrf(Int32(101), Int32(m), Int32(n), a.unsafe_offset(i * m * n), Int32(n),
+                      taus.unsafe_offset(i * k))
+
+
+def lapack_orgqr[dt: DType, library: StaticString, symbol: StaticString, ilp64: Bool](
+    batch: Int, m: Int, n: Int, k: Int, a: UnsafePointer[Scalar[dt], MutAnyOrigin],
+    taus: UnsafePointer[Scalar[dt], MutAnyOrigin]) raises:
+    """a[i] = the first n columns of the product of its k reflectors."""
+    var lib = OwnedDLHandle(library, RTLD.NOW | RTLD.LOCAL)
+    for i in range(batch):
+        comptime if ilp64:
+            var orgqr = lib.get_function[Int64](symbol)
+            _ = orgqr(Int32(101), Int64(m), Int64(n), Int64(k), a.unsafe_offset(i * m * n),
+                      Int64(n), taus.unsafe_offset(i * k))
+        else:
+            var orgqr = lib.get_function[Int32](symbol)
+            _ = orgqr(Int32(101), Int32(m), Int32(n), Int32(k), a.unsafe_offset(i * m * n),
+                      Int32(n), taus.unsafe_offset(i * k))
+
+
 def blas_trsm[dt: DType, library: StaticString, symbol: StaticString, ilp64: Bool](
     left: Bool, lower: Bool, transpose: Bool, unit: Bool, batch: Int, n: Int, rows: Int,
     cols: Int, parallel: Bool, a: UnsafePointer[Scalar[dt], MutAnyOrigin],
@@ -144,7 +178,6 @@ def cholesky(emitter, prim, ins, outs, *, symmetrize_input=False):
     if found is None:
         emitter.decomposed(prim, ins, outs, {"symmetrize_input": symmetrize_input})
         return
-    library, symbol = found
     batch = math.prod(a.shape[:-2])
     if symmetrize_input:  # (a + a^T) / 2, as lax does before factoring
         half = literal(0.5, out.dtype)
@@ -156,12 +189,8 @@ def cholesky(emitter, prim, ins, outs, *, symmetrize_input=False):
             emitter.emit(f"{out.at(at)} = ({a.at(at)} + {a.at(tr)}) * {half}")
 
         emitter.nest([batch, n, n], element, parallel=True)
-    else:
-        emitter.copy(a, out)
-    emitter.linalg = emitter.threads = True
-    emitter.emit(f'lapack_potrf[{mojo_dtype(out.dtype)}, "{library.path}", "{symbol}", '
-                 f'{library.ilp64}]({batch}, {n}, {out.address()})')
-    emitter.work += out.size
+    _call(emitter, "lapack_potrf", found, out.dtype, [batch, n],
+          [] if symmetrize_input else [a], [out])
 
 
 def triangular_solve(emitter, prim, ins, outs, *, left_side, lower, transpose_a, conjugate_a,
@@ -195,13 +224,46 @@ def lu(emitter, prim, ins, outs):
     if found is None or pivots.dtype != np.int32 or permutation.dtype != np.int32:
         emitter.decomposed(prim, ins, outs, {})
         return
+    _call(emitter, "lapack_getrf", found, out.dtype, [math.prod(a.shape[:-2]), m, n], [a],
+          [out, pivots, permutation])
+
+
+def geqrf(emitter, prim, ins, outs):
+    (a,), (out, taus) = ins, outs
+    m, n = a.shape[-2], a.shape[-1]
+    found = _library(out.dtype, min(m, n), "geqrf") if isinstance(a, Array) else None
+    if found is None:
+        emitter.decomposed(prim, ins, outs, {})
+        return
+    _call(emitter, "lapack_geqrf", found, out.dtype,
+          [math.prod(a.shape[:-2]), m, n], [a], [out, taus])
+
+
+def householder_product(emitter, prim, ins, outs):
+    (a, taus), (out,) = ins, outs
+    m, n = a.shape[-2], a.shape[-1]
+    k = taus.shape[-1]
+    found = (_library(out.dtype, n, "orgqr")
+             if isinstance(a, Array) and isinstance(taus, Array) and m >= n >= k else None)
+    if found is None:
+        emitter.decomposed(prim, ins, outs, {})
+        return
+    _call(emitter, "lapack_orgqr", found, out.dtype,
+          [math.prod(a.shape[:-2]), m, n, k], [a], [out, taus])
+
+
+def _call(emitter, routine: str, found, dtype, sizes, sources, pointers) -> None:
+    """`routine`(sizes..., pointers...) on copies of `sources` in the first
+    pointers' buffers (LAPACK works in place)."""
     library, symbol = found
-    emitter.copy(a, out)
+    for src, dst in zip(sources, pointers):
+        emitter.copy(src, dst)
     emitter.linalg = emitter.threads = True
-    emitter.emit(f'lapack_getrf[{mojo_dtype(out.dtype)}, "{library.path}", "{symbol}", '
-                 f'{library.ilp64}]({math.prod(a.shape[:-2])}, {m}, {n}, {out.address()}, '
-                 f'{pivots.address()}, {permutation.address()})')
-    emitter.work += out.size
+    args = ", ".join([*map(str, sizes), *(p.address() for p in pointers)])
+    emitter.emit(f'{routine}[{mojo_dtype(dtype)}, "{library.path}", "{symbol}", '
+                 f'{library.ilp64}]({args})')
+    emitter.work += pointers[0].size
 
 
-EQUATIONS = {P.cholesky_p: cholesky, P.triangular_solve_p: triangular_solve, P.lu_p: lu}
+EQUATIONS = {P.cholesky_p: cholesky, P.triangular_solve_p: triangular_solve, P.lu_p: lu,
+             P.geqrf_p: geqrf, P.householder_product_p: householder_product}
