@@ -519,7 +519,8 @@ def haiku_resnet_train_step(size):
     def forward(x, is_training):
         net = hk.nets.ResNet(blocks_per_group=(1, 1, 1, 1), num_classes=10, bottleneck=False,
                              channels_per_group=(32, 64, 128, 256),
-                             use_projection=(False, True, True, True))
+                             # the stem's 64 channels meet the first group's 32
+                             use_projection=(True, True, True, True))
         return net(x, is_training=is_training)
 
     model = hk.transform_with_state(forward)

@@ -42,8 +42,11 @@ rules = juju.RuleSet(dtypes=juju.ALL_DTYPES)
 MAX_WORK = 1 << 16
 #: Longest generated source (lines): Mojo's compile time grows with it
 #: (distrax's coupling flow, 5,081 lines, builds in seconds and runs 2.9x
-#: faster as one kernel than as 1,379 MAX ops).
-MAX_LINES = 6000
+#: faster as one kernel than as 1,379 MAX ops). At 6,000 an equinox ViT
+#: step (6,873 lines) and a diffrax neural ODE's gradient (9,934) went whole
+#: to MAX ops, whose compiles ran past 300 s on two cores; with the parallel
+#: regions in one task (codegen/tasks.py) a 4,786-line kernel builds in 47 s.
+MAX_LINES = 12000
 #: Other limits on the work of some primitives' kernels: primitive ->
 #: f(params) -> most element operations (program_kernels' whole programs run
 #: once a call, not once an iteration).
