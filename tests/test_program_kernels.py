@@ -122,7 +122,30 @@ def broadcasts_in_place(x, col, row, mask):
     return helper(z, row), scaled, x != x, x.reshape(256, 300)[:2] * 2.0, cube, keep | ~mask
 
 
+def vector_extremes(x, y):
+    """max/min in SIMD vectors along rows (with a scalar tail) and down
+    columns, whole arrays, logsumexp both ways: +0.0 beats -0.0 in max (and
+    -0.0 wins min), infinities. (No NaN: XLA's CPU row reductions drop a NaN
+    in a 300x253 row and keep it in a 4x40 one; docs/performance.md.)"""
+    return (jnp.max(x, axis=1), jnp.min(x, axis=1), jnp.max(y, axis=0), jnp.min(y, axis=0),
+            jnp.max(y), jax.nn.logsumexp(y, axis=1), jax.nn.logsumexp(y, axis=0),
+            jnp.signbit(jnp.max(x, axis=1)), jnp.signbit(jnp.min(y, axis=0)))
+
+
+def _extremes_args():
+    x = rng.standard_normal((300, 253)).astype(np.float32)
+    x[7, 9], x[8, 2], x[9, 250] = np.inf, -np.inf, 9.0  # 250: in the tail
+    x[5], x[6] = -0.0, 0.0
+    x[6, 100], x[10, :] = -0.0, -1.0
+    x[10, 252] = 0.0
+    y = np.resize(x, (300, 256)).astype(np.float32)
+    y[:, 40] = -0.0
+    y[7, 40] = 0.0
+    return x, y
+
+
 CASES = {
+    "vector_extremes": (vector_extremes, _extremes_args()),
     "sgd_momentum": (sgd_momentum, (_mlp_params(), jax.tree.map(np.zeros_like, _mlp_params()))),
     "special_floats": (special_floats, (SPECIAL, SPECIAL[::-1].copy())),
     "integers": (integers, (np.array([-7, -1, 0, 1, 2, 5, 9, 2**31 - 1], np.int32),

@@ -104,9 +104,10 @@ def compare(outcome: Outcome) -> None:
         try:
             np.testing.assert_allclose(g, w, rtol=p.rtol, atol=p.atol, equal_nan=True,
                                        err_msg=f"{outcome.name}: output {i}")
-        except AssertionError:
+        except AssertionError as error:
             if not _arbitrate(outcome, i, g, w):
-                raise
+                judged = "; ".join(outcome.arbitrated) or "no float64 reference"
+                raise AssertionError(f"output {i}: {judged}\n{error}") from None
     outcome.max_abs_error = worst
 
 

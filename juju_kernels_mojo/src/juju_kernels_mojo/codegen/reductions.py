@@ -12,7 +12,7 @@ import numpy as np
 from juju import primitives as P
 from juju_kernels_mojo.codegen.indexing import element
 from juju_kernels_mojo.codegen.mojo import (REDUCTIONS, VECTOR_BYTES, Array, Const, Unsupported,
-                                            add_offsets, index_expr, mojo_dtype,
+                                            add_offsets, index_expr, literal, mojo_dtype,
                                             reduction_identity, scalar_type)
 from juju_kernels_mojo.codegen.mojo import strides as row_major
 
@@ -24,7 +24,7 @@ def reduce(emitter, prim, ins, outs, *, axes, out_sharding=None):
     init = reduction_identity(init, dt)
     if dt == np.bool_ and prim not in (P.reduce_and_p, P.reduce_or_p):
         raise Unsupported(f"{prim.name} of bool")
-    if _vector_sum(emitter, prim, operand, out, axes):
+    if _vector_fold(emitter, prim, operand, out, axes):
         return
     emitter.copy(Const(init, out.shape, dt), out)
     src = row_major(operand.shape)
@@ -49,36 +49,58 @@ def reduce(emitter, prim, ins, outs, *, axes, out_sharding=None):
 SUM_BLOCK = 512
 
 
-def _vector_sum(emitter, prim, operand, out, axes) -> bool:
-    """A float sum in SIMD vectors, where the reduced axes are the trailing
-    ones (each output a contiguous row: lanes of partial sums, in blocks)
-    or the leading ones (rows added into the output, a vector at a time);
-    else False."""
+#: Float reductions written in SIMD vectors: how two vectors combine (the
+#: extremes with XLA's NaN and signed-zero rules, fusion.FUSION_PRELUDE),
+#: and how a vector's lanes join a scalar total.
+VECTOR_FOLDS = {
+    P.reduce_sum_p: ("{a} + {b}", "{total} += {acc}.reduce_add()"),
+    P.reduce_max_p: ("max_nan_v[{dt}, {w}]({a}, {b})",
+                     "for lane in range({w}):\n    {total} = max_nan({total}, {acc}[lane])"),
+    P.reduce_min_p: ("min_nan_v[{dt}, {w}]({a}, {b})",
+                     "for lane in range({w}):\n    {total} = min_nan({total}, {acc}[lane])"),
+}
+
+
+def _vector_fold(emitter, prim, operand, out, axes) -> bool:
+    """A float sum, max or min in SIMD vectors, where the reduced axes are
+    the trailing ones (each output a contiguous row: lanes of partial
+    results, in blocks) or the leading ones (rows folded into the output, a
+    vector at a time); else False."""
     dt, rank = operand.dtype, len(operand.shape)
     width = VECTOR_BYTES // dt.itemsize
-    if prim is not P.reduce_sum_p or dt.kind != "f" or not isinstance(operand, Array):
+    if prim not in VECTOR_FOLDS or dt.kind != "f" or not isinstance(operand, Array):
         return False
     axes = sorted(axes)
     n = math.prod(operand.shape[d] for d in axes)
     if not operand.size or n < 2 * width:
         return False
     vector = f"SIMD[{mojo_dtype(dt)}, {width}]"
+    identity = literal(reduction_identity(REDUCTIONS[prim][1], dt), dt)
+    combine, lanes = VECTOR_FOLDS[prim]
+    scalar_combine = REDUCTIONS[prim][0]
+    emitter.fusion |= prim is not P.reduce_sum_p  # max_nan_v, min_nan_v
+
+    def fold(acc, value):
+        return f"{acc} = " + combine.format(a=acc, b=value, dt=mojo_dtype(dt), w=width)
+
     if axes == list(range(rank - len(axes), rank)):  # each output a row of n
         body = n - n % width
         with emitter.split(out.size, work=operand.size) as (lo, hi):
             o, b, c, acc, total = (emitter.fresh(x) for x in ("o", "b", "c", "acc", "total"))
             with emitter.block(f"for {o} in range({lo}, {hi}):" if out.size > 1 else "if True:"):
                 row = f"{o} * {n}" if out.size > 1 else "0"
-                emitter.emit(f"var {total} = {scalar_type(dt)}(0)")
+                emitter.emit(f"var {total} = {identity}")
                 with emitter.block(f"for {b} in range(0, {body}, {SUM_BLOCK}):"):
-                    emitter.emit(f"var {acc} = {vector}(0)")
+                    emitter.emit(f"var {acc} = {vector}({identity})")
                     with emitter.block(f"for {c} in range({b}, min({b} + {SUM_BLOCK}, {body}), "
                                        f"{width}):"):
-                        emitter.emit(f"{acc} += {operand.load(f'{row} + {c}', width)}")
-                    emitter.emit(f"{total} += {acc}.reduce_add()")
+                        emitter.emit(fold(acc, operand.load(f"{row} + {c}", width)))
+                    for line in lanes.format(total=total, acc=acc, w=width).split("\n"):
+                        emitter.emit(line)
                 if body < n:
                     with emitter.block(f"for {c} in range({body}, {n}):"):
-                        emitter.emit(f"{total} += {operand.at(f'{row} + {c}')}")
+                        value = operand.at(f"{row} + {c}")
+                        emitter.emit(f"{total} = " + scalar_combine.format(a=total, b=value))
                 emitter.emit(f"{out.at(o if out.size > 1 else '0')} = {total}")
         emitter.work += operand.size // width
         return True
@@ -87,9 +109,9 @@ def _vector_sum(emitter, prim, operand, out, axes) -> bool:
         with emitter.split(out.size, width, work=operand.size) as (lo, hi), \
                 emitter.block(f"for {j} in range({lo}, {hi}, {width}):"):
             acc = emitter.fresh("acc")
-            emitter.emit(f"var {acc} = {vector}(0)")
+            emitter.emit(f"var {acc} = {vector}({identity})")
             with emitter.block(f"for {i} in range({n}):"):
-                emitter.emit(f"{acc} += {operand.load(f'{i} * {out.size} + {j}', width)}")
+                emitter.emit(fold(acc, operand.load(f"{i} * {out.size} + {j}", width)))
             emitter.emit(out.store(j, acc))
         emitter.work += operand.size // width
         return True
