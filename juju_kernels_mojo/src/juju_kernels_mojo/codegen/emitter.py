@@ -193,7 +193,7 @@ class Emitter:
             body = self.lines[mark:]
             del self.lines[mark:]
             self.depth, self.in_task = depth, False
-        slots = tasks.free_ints(body, self.defined) if tasks.ONE_TASK else None
+        slots = tasks.free_ints(body, self.defined)
         if slots is not None:
             for line in tasks.launch(slots, len(self.regions), cores):
                 self.emit(line)

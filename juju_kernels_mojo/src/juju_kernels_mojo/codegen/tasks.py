@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import re
 
-ONE_TASK = True  # (experiment switch)
 #: The task index (which block of the range) in a region's body.
 TASK_INDEX = "task_t"
 #: Depth (4-space levels) of a region's body inside `run_task`'s branch.
