@@ -5,7 +5,8 @@ does), argmax/argmin and lax.reduce, stack, unstack, split and pad, window
 and cumulative reductions, rounding and platform_dependent, convolutions
 (SIMD over NHWC features), complex numbers, sorting (insertion and merge),
 total-order comparisons (searchsorted), a differentiated cond's empty2,
-tile, reshapes with dimensions, and products through the BLAS.
+tile, reshapes with dimensions, products through the BLAS, and small
+factorizations (Cholesky, triangular solves, LU, QR).
 
 Each case is a scan or while_loop checked to run as a generated kernel (not
 lax's loop), on edge values: negative and zero divisors, INT_MIN / -1, NaN,
@@ -426,6 +427,25 @@ def _window_rows():
     return x, n
 
 
+def factorizations(a, b):
+    """Small Cholesky (positive definite, and not: NaN as XLA), triangular
+    solves on both sides, LU (pivots, permutation) and QR in a scan's body:
+    below the library sizes, the lax pack's decompositions written in loops
+    (large ones call LAPACK: test_program_kernels)."""
+    def step(c, v):
+        m, r = v
+        spd = m @ m.T + 6 * jnp.eye(6)
+        factor = lax.linalg.cholesky(spd)
+        tri = 0.1 * m + 3 * jnp.eye(6)
+        outs = (factor, lax.linalg.cholesky(m, symmetrize_input=True),
+                lax.linalg.triangular_solve(tri, r, left_side=True, lower=True),
+                lax.linalg.triangular_solve(tri, r.T, left_side=False, lower=False,
+                                            transpose_a=True, unit_diagonal=True),
+                *lax.linalg.lu(m), *jnp.linalg.qr(m), jnp.linalg.solve(spd, r))
+        return c + factor[0, 0], outs
+    return lax.scan(step, jnp.float32(0), (a, b))
+
+
 CASES = {
     "windows": (windows, _window_rows()),
     "rounding": (rounding, (ROUNDING,)),
@@ -450,6 +470,7 @@ CASES = {
     "arg_extremes": (arg_extremes, _extreme_rows()),
     "pads_and_stacks": (pads_and_stacks, (normal(3, 4, 5), normal(3))),
     "top_k": (top_ks, _top_k_rows()),
+    "factorizations": (factorizations, (normal(2, 6, 6), normal(2, 6, 3))),
     "reshapes_and_products": (reshapes_and_products, (normal(2, 16, 256), normal(256, 128) / 16,
                                                       normal(128, 256) / 16,
                                                       normal(2, 4, 24, 24) / 5)),
@@ -475,6 +496,8 @@ def test_matches_jax(compiled, name):
     tolerance = {"rtol": 2e-6, "atol": 1e-6}
     if name == "convolutions":
         tolerance = {"rtol": 1e-5, "atol": 5e-5}
+    if name == "factorizations":  # the decompositions' order of summation, not LAPACK's
+        tolerance = {"rtol": 1e-5, "atol": 1e-5}
     if name == "reshapes_and_products":  # the BLAS's order of summation, not XLA's
         tolerance = {"rtol": 1e-5, "atol": 2e-5}
     assert_same(got, expected, **({} if _x64(name) else tolerance))

@@ -22,7 +22,7 @@ to its writer, `writer(emitter, prim, ins, outs, **params)`):
 | `indexing` | dynamic slices, gather, scatter |
 | `reductions`, `windows` | reductions, argmax/argmin, lax.reduce; window and cumulative reductions |
 | `dot`, `conv` | dot_general; convolutions |
-| `linalg` | cholesky and triangular_solve on LAPACK and the BLAS |
+| `linalg` | cholesky, triangular_solve, lu and QR on LAPACK and the BLAS |
 | `sort` | lax.sort of rows |
 | `control_flow` | cond, scan, while, calls |
 | `prng`, `complex_parts`, `parts` | PRNG keys and complex numbers, as their parts |

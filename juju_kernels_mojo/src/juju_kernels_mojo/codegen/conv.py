@@ -17,9 +17,9 @@ import numpy as np
 
 from juju import primitives as P
 from juju_kernels_mojo import blas
-from juju_kernels_mojo.codegen.dot import gemm_call
-from juju_kernels_mojo.codegen.mojo import (VECTOR_BYTES, Array, Const, Unsupported, add_offsets,
-                                            index_expr, literal, mojo_dtype)
+from juju_kernels_mojo.codegen.dot import canonical, gemm_call
+from juju_kernels_mojo.codegen.mojo import (VECTOR_BYTES, Array, Const, Unsupported, index_expr,
+                                            literal, mojo_dtype)
 from juju_kernels_mojo.codegen.mojo import strides as row_major
 from juju_kernels_mojo.codegen.windows import window_coordinate
 
@@ -149,14 +149,10 @@ def _as_gemm(emitter, lhs, rhs, out, specs, window_strides, padding, lhs_dilatio
     windows = emitter.scratch((rows, cols), out.dtype)
     _im2col(emitter, lhs, rhs, out, windows, specs, rows_dims, cols_dims, kernel, window_strides,
             padding, lhs_dilation, rhs_dilation)
-    rst = row_major(rhs.shape)
     if ro in (0, rank - 1):
         matrix, kernel_transposed = rhs, ro == 0  # [O, C] as it lies where ro == 0
-    else:
-        shape = [rhs.shape[d] for d in cols_dims] + [o_count]
-        matrix, kernel_transposed = emitter.scratch(shape, rhs.dtype), False
-        emitter.copy_strided(shape, matrix, row_major(shape), rhs,
-                             [rst[d] for d in cols_dims] + [rst[ro]])
+    else:  # a copy as [C, O]
+        matrix, kernel_transposed = canonical(emitter, rhs, [*cols_dims, ro]), False
     if of == 0:  # out [O, R] = kernel^T [O, C] . windows^T [C, R]
         gemm_call(emitter, library, not kernel_transposed, True, 1, o_count, rows, cols,
                   matrix, windows, out)
@@ -205,21 +201,19 @@ def _im2col(emitter, lhs, rhs, out, windows, specs, rows_dims, cols_dims, kernel
                     lhs.shape[ls[d]])
                 conditions += checks
                 terms.append(_term(coordinate, lst[ls[d]]))
-            at = f"({r}) * {cols} + {index_expr([*cidx, '0'] if runs else cidx, row_major(col_shape))}"
+            within = index_expr([*cidx, "0"] if runs else cidx, row_major(col_shape))
+            at = f"({r}) * {cols} + {within}"
             with emitter.block(f"if {' and '.join(conditions) or 'True'}:"):
                 if runs:
-                    emitter.copy(Array(lhs.ptr, (col_shape[-1],), lhs.dtype,
-                                       add_offsets(lhs.offset, _sum(terms))),
-                                 Array(windows.ptr, (col_shape[-1],), windows.dtype,
-                                       add_offsets(windows.offset, at)))
+                    n = col_shape[-1]
+                    emitter.copy(lhs.span(_sum(terms), n), windows.span(at, n))
                 else:
                     emitter.emit(f"{windows.at(at)} = {lhs.at(_sum(terms))}")
             if conditions:
                 with emitter.block("else:"):
                     if runs:
                         emitter.copy(Const(0, (col_shape[-1],), out.dtype),
-                                     Array(windows.ptr, (col_shape[-1],), windows.dtype,
-                                           add_offsets(windows.offset, at)))
+                                     windows.span(at, col_shape[-1]))
                     else:
                         emitter.emit(f"{windows.at(at)} = {zero}")
 

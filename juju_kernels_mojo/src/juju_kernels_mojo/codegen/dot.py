@@ -153,9 +153,9 @@ def _gemm(emitter, lhs, rhs, out, dimension_numbers) -> bool:
     ta = _matrix(len(lhs.shape), lb, lc, contract_last=True)
     tb = _matrix(len(rhs.shape), rb, rc, contract_last=False)
     if ta is None:  # e.g. attention's [B, T, H, D] heads: copied as [B, H, T, D] first
-        lhs, ta = _canonical(emitter, lhs, [*lb, *_free(lhs, lb, lc), *lc]), False
+        lhs, ta = canonical(emitter, lhs, [*lb, *_free(lhs, lb, lc), *lc]), False
     if tb is None:
-        rhs, tb = _canonical(emitter, rhs, [*rb, *rc, *_free(rhs, rb, rc)]), False
+        rhs, tb = canonical(emitter, rhs, [*rb, *rc, *_free(rhs, rb, rc)]), False
     gemm_call(emitter, library, ta, tb, batch, m, n, k, lhs, rhs, out)
     return True
 
@@ -177,7 +177,7 @@ def _free(x, batch, contract) -> list[int]:
     return [d for d in range(len(x.shape)) if d not in batch and d not in contract]
 
 
-def _canonical(emitter, x, order) -> Array:
+def canonical(emitter, x, order) -> Array:
     """`x` with its axes in `order` (batch, then the matrices' axes), a copy:
     O(size) moves where the loops' product is O(m n k) multiply-adds."""
     shape = [x.shape[d] for d in order]

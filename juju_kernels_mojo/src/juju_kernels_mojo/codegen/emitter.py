@@ -394,11 +394,15 @@ class Emitter:
         shape, dst_strides, src_strides = coalesce(shape, dst_strides, src_strides)
         if not math.prod(shape):
             return
-        width = VECTOR_BYTES // dst.dtype.itemsize
-        if (isinstance(src, Array) and dst.dtype.kind in "fiu" and dst_strides[-1] == 1
-                and src_strides[-1] == 1 and shape[-1] >= width):
-            self._copy_rows(shape, dst, dst_strides, src, src_strides, dst_offset, src_offset,
-                            width)
+        if isinstance(src, Array) and dst_strides[-1] == 1 and src_strides[-1] == 1:
+            # Each contiguous row a `copy` (SIMD vectors, split over the cores
+            # where it is one long run).
+            def row(idx):
+                to = add_offsets(dst_offset, index_expr(idx, dst_strides[:-1]))
+                at = add_offsets(src_offset, index_expr(idx, src_strides[:-1]))
+                self.copy(src.span(at, shape[-1]), dst.span(to, shape[-1]))
+
+            self.nest(shape[:-1], row, parallel=True, work=math.prod(shape))
             return
 
         def body(idx):
@@ -407,34 +411,6 @@ class Emitter:
             self.emit(f"{dst.at(to)} = {src.at(at)}")
 
         self.nest(shape, body, parallel=True)
-
-    def _copy_rows(self, shape, dst, dst_strides, src, src_strides, dst_offset, src_offset,
-                   width: int) -> None:
-        last = shape[-1]
-        body = last - last % width
-
-        def vectors(to, at, lo, hi):
-            j = self.fresh("j")
-            with self.block(f"for {j} in range({lo}, {hi}, {width}):"):
-                self.emit(dst.store(add_offsets(to, j), src.load(add_offsets(at, j), width)))
-
-        def tail(to, at):  # fewer than `width` elements
-            for j in map(str, range(body, last)):
-                self.emit(f"{dst.at(add_offsets(to, j))} = {src.at(add_offsets(at, j))}")
-
-        if len(shape) == 1:  # one contiguous run: its vectors split over the cores
-            with self.split(body, width) as (lo, hi):
-                vectors(dst_offset, src_offset, lo, hi)
-            tail(dst_offset, src_offset)
-            return
-
-        def row(idx):
-            to = add_offsets(dst_offset, index_expr(idx, dst_strides[:-1]))
-            at = add_offsets(src_offset, index_expr(idx, src_strides[:-1]))
-            vectors(to, at, "0", str(body))
-            tail(to, at)
-
-        self.nest(shape[:-1], row, parallel=True, work=math.prod(shape))
 
     def strided(self, out: Array, src, src_strides, src_offset: str = "") -> None:
         """out[i...] = src[offset + sum(i * stride)] over out's shape."""
@@ -469,7 +445,7 @@ class Emitter:
 def coalesce(shape, *strides_of) -> tuple:
     """`shape` and each array's strides over it with axes of size 1 dropped
     and adjacent axes merged where every array steps over both as one."""
-    axes = [d for d, n in enumerate(shape) if n != 1] or [len(shape) - 1] if shape else []
+    axes = ([d for d, n in enumerate(shape) if n != 1] or [len(shape) - 1]) if shape else []
     if not axes:
         return [1], *([0] for _ in strides_of)
     dims, merged = [shape[axes[0]]], [[st[axes[0]]] for st in strides_of]

@@ -96,6 +96,10 @@ class Array:
         start = f".unsafe_offset({self.offset})" if self.offset else ""
         return f"{self.ptr}{start}.unsafe_origin_cast[MutAnyOrigin]()"
 
+    def span(self, start: str, n: int) -> Array:
+        """The `n` elements from `start` (an expression), as a flat array."""
+        return Array(self.ptr, (n,), self.dtype, add_offsets(self.offset, start))
+
     def row(self, index: str) -> Array:
         """Row `index` (an expression) of the leading axis."""
         row = math.prod(self.shape[1:])
