@@ -512,8 +512,9 @@ def test_convolutions_as_products(monkeypatch):
     """The same convolutions, forward and both gradients, each one product on
     the BLAS (im2col) however small: every layout (NHWC/HWIO, NCHW/OIHW, the
     gradients' swapped dimension numbers), padding, strides and dilations."""
-    from juju_kernels_mojo import blas
     from juju_kernels_mojo.codegen import conv
+
+    from juju_kernels_mojo import blas
     if blas.find() is None:
         pytest.skip("no BLAS found (numpy's)")
     taken = []
