@@ -10,6 +10,8 @@ compilation.
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -144,7 +146,34 @@ def _extremes_args():
     return x, y
 
 
+def fused_reductions(x, col, row, big, cube):
+    """Sums, maxima and minima folded into the loops of their producers
+    (codegen/reduction_fusion.py): softmax and logsumexp along rows and down
+    columns with broadcast operands, a mean of a whole broadcast run and a
+    sum of a long flat one (both folded in parts on the cores), a max and a
+    min of one value, layer norm (a variance's divisor between the square
+    and its sum), an int32 count, a middle axis (not folded), leading axes,
+    and a short trailing axis (scalars)."""
+    return (jax.nn.softmax(x, axis=1), jax.nn.logsumexp((x - col) / 0.5 + row, axis=0),
+            jax.nn.logsumexp((row - x) * 2.0 + col, axis=1), jnp.mean((x * col + row) ** 2),
+            jnp.sum(jnp.tanh(big) * big), jnp.max(x * 3.0 + 1.0, axis=1),
+            jnp.min(x * 3.0 + 1.0, axis=1),
+            (x - x.mean(-1, keepdims=True)) / jnp.sqrt(x.var(-1, keepdims=True) + 1e-5),
+            jnp.sum((x > 0.5).astype(jnp.int32), axis=1), jnp.sum(jnp.exp(cube) * 2.0, axis=1),
+            jnp.sum(jnp.sin(cube) + 1.0, axis=(0, 1)), jnp.sum((cube[:, :, :3] - 1.0) ** 2, -1))
+
+
+def _fused_reduction_args():
+    x = rng.standard_normal((300, 256)).astype(np.float32)
+    x[3, 7], x[4, :] = np.inf, -np.inf  # a row of -inf: its logsumexp is -inf
+    return (x, rng.standard_normal((300, 1)).astype(np.float32),
+            rng.standard_normal((1, 256)).astype(np.float32),
+            rng.standard_normal(200_003).astype(np.float32),
+            rng.standard_normal((6, 40, 36)).astype(np.float32))
+
+
 CASES = {
+    "fused_reductions": (fused_reductions, _fused_reduction_args()),
     "vector_extremes": (vector_extremes, _extremes_args()),
     "sgd_momentum": (sgd_momentum, (_mlp_params(), jax.tree.map(np.zeros_like, _mlp_params()))),
     "special_floats": (special_floats, (SPECIAL, SPECIAL[::-1].copy())),
@@ -279,6 +308,27 @@ def _program_source(fn, *args) -> str:
     (eqn,) = eqns
     return loop_source(program_kernels.program_p, eqn.params, [v.aval for v in eqn.invars],
                        [v.aval for v in eqn.outvars], "probe").source
+
+
+def test_reductions_fold_into_their_producers():
+    """Log-domain Sinkhorn's step (logsumexp of a broadcast expression, down
+    rows then columns) stores no value of the matrix's size: each
+    logsumexp writes its input once, for its maximum, and folds the
+    exponentials into the sum; a broadcast between the run's equations is
+    hoisted out of it. Without reduction fusion the scratch holds five
+    such values."""
+    def sinkhorn_step(cost, g, log_a, log_b):
+        f = -0.1 * jax.nn.logsumexp((g[None, :] - cost) / 0.1 + log_b[None, :], axis=1)
+        g = -0.1 * jax.nn.logsumexp((f[:, None] - cost) / 0.1 + log_a[:, None], axis=0)
+        return f, g
+
+    args = (rng.random((96, 64)).astype(np.float32), rng.standard_normal(64).astype(np.float32),
+            np.log(rng.random(96)).astype(np.float32), np.log(rng.random(64)).astype(np.float32))
+    source = _program_source(sinkhorn_step, *args)
+    (scratch,) = re.findall(r"List\[Scalar\[DType.float32\]\]\(length=(\d+)", source)
+    assert int(scratch) < 3 * 96 * 64, scratch  # the two logsumexp inputs, and vectors
+    got, want = juju.jit(sinkhorn_step, tiered=False)(*args), jax.jit(sinkhorn_step)(*args)
+    assert_same(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_parallel_regions_share_one_task():

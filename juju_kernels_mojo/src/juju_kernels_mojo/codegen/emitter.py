@@ -273,25 +273,44 @@ class Emitter:
                 results = None if forward is None else forward(
                     self, [read(a) for a in eqn.invars], eqn.params,
                     [v.aval for v in eqn.outvars])
-                stop = start if results is not None else fusion.run_end(eqns, start, read)
-                if stop > start:  # one loop for the run, on the cores where it is large
-                    live = {v for e in eqns[start:stop] for v in e.outvars
-                            if last_use.get(v, -1) >= stop}
-                    targets = _in_place(jaxpr, into, eqns, start, stop, env, last_use)
-                    env.update(fusion.fused(self, eqns[start:stop], read, live, targets))
-                    start = stop
-                    continue
-                if results is not None:
-                    outs = [self.materialized(r) for r in results]
-                else:
-                    ins = [read(a) for a in eqn.invars]
-                    outs = [self.value(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
-                    self.equation(eqn.primitive, ins, outs, eqn.params,
-                                  [v.aval for v in eqn.invars], [v.aval for v in eqn.outvars])
-            self.work += sum(o.size for o in outs)
-            env.update(zip(eqn.outvars, outs))
+                run = None if results is not None else fusion.plan(eqns, start, read)
+            if run is not None:  # one loop for the run, on the cores where it is large
+                for hoisted in run.hoisted:
+                    self.hoisted(hoisted, read, env)
+                live = {v for e in run.members for v in e.outvars
+                        if last_use.get(v, -1) >= run.stop}
+                targets = _in_place(jaxpr, into, run.members, env, last_use)
+                with fusion.named(run.members[0]):
+                    env.update(fusion.fused(self, run.members, read, live, targets, run.folds))
+                start = run.stop
+                continue
+            self.written(eqn, read, env, results)
             start += 1
         return [read(a) for a in jaxpr.outvars]
+
+    def hoisted(self, eqn, read, env) -> None:
+        """Write `eqn` on its own, ahead of the run it was hoisted out of."""
+        with fusion.named(eqn):
+            for v in (*eqn.invars, *eqn.outvars):
+                self.check_aval(v.aval)
+            forward = FORWARDING.get(eqn.primitive)
+            results = None if forward is None else forward(
+                self, [read(a) for a in eqn.invars], eqn.params, [v.aval for v in eqn.outvars])
+        self.written(eqn, read, env, results)
+
+    def written(self, eqn, read, env, results) -> None:
+        """Write `eqn` on its own (`results`: its forwarded results, or None)
+        and bind its outputs in `env`."""
+        with fusion.named(eqn):
+            if results is not None:
+                outs = [self.materialized(r) for r in results]
+            else:
+                ins = [read(a) for a in eqn.invars]
+                outs = [self.value(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
+                self.equation(eqn.primitive, ins, outs, eqn.params,
+                              [v.aval for v in eqn.invars], [v.aval for v in eqn.outvars])
+        self.work += sum(o.size for o in outs)
+        env.update(zip(eqn.outvars, outs))
 
     def materialized(self, value):
         """`value` as a buffer: a literal copied into one, else itself."""
@@ -461,19 +480,21 @@ def coalesce(shape, *strides_of) -> tuple:
     return dims, *merged
 
 
-def _in_place(jaxpr, into, eqns, start: int, stop: int, env, last_use) -> dict:
-    """The outputs of the fused run eqns[start:stop] that can be stored into
-    their carry buffers (`into`) directly: the buffer holds the old carry,
-    read by nothing after the run and inside it only elementwise (the run's
-    shape) by equations up to the one computing the output, so that each
-    element is read before it is overwritten."""
+def _in_place(jaxpr, into, members, env, last_use) -> dict:
+    """The outputs of the fused run `members` (equations of the jaxpr, in
+    order) that can be stored into their carry buffers (`into`) directly:
+    the buffer holds the old carry, read by nothing after the run and inside
+    it only elementwise (the run's shape) by equations up to the one
+    computing the output, so that each element is read before it is
+    overwritten."""
     if not into:
         return {}
-    shape = tuple(eqns[start].outvars[0].aval.shape)
-    producer = {v: i for i in range(start, stop) for v in eqns[i].outvars}
+    shape = tuple(members[0].outvars[0].aval.shape)
+    index = {id(e): i for i, e in enumerate(jaxpr.eqns)}
+    producer = {v: index[id(e)] for e in members for v in e.outvars}
     targets = {}
-    for index, buffer in into.items():
-        out = jaxpr.outvars[index]
+    for out_index, buffer in into.items():
+        out = jaxpr.outvars[out_index]
         if (out not in producer or out in targets or not isinstance(buffer, Array)
                 or tuple(out.aval.shape) != shape or buffer.shape != shape):
             continue

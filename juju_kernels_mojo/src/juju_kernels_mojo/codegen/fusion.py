@@ -9,8 +9,10 @@ buffers; fused, it reads its inputs and writes its results once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import numpy as np
+from jax.extend import core as jex_core
 
 from juju import primitives as P
 from juju._compat import Literal, source_line
@@ -121,22 +123,75 @@ def _vector_dtype(eqn):
     return dt
 
 
-def run_end(eqns, start: int, read) -> int:
-    """The end of the run of fusible equations of one shape from `start`."""
+#: Equations looked past for the next member of a run (`plan`).
+HOIST_WINDOW = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A fused run from `plan`: its `members` (one loop), the equations
+    `hoisted` out of its way (written before it: they read none of its
+    results), the reductions it `folds` (reduction_fusion), and the index
+    of the first equation after all of them (`stop`)."""
+
+    members: list
+    hoisted: list
+    folds: list
+    stop: int
+
+
+def plan(eqns, start: int, read) -> Plan | None:
+    """The run of fusible equations of one shape from `start`, or None.
+    As XLA fuses by data flow, not order, an equation between two members
+    that reads none of the run's results (a broadcast of another operand,
+    a scalar's arithmetic) is hoisted before the run rather than ending it;
+    reductions of the run's results over its shape right after it fold into
+    its loop (reduction_fusion.foldable)."""
+    from juju_kernels_mojo.codegen import reduction_fusion
+
     key = fusible(eqns[start], read)
     if key is None or not np.prod(key[0], dtype=np.int64):
-        return start
+        return None
     shape, lanes = key
+    members, hoisted, pending = [eqns[start]], [], []
     stop = start + 1
-    while stop < len(eqns):
-        next_key = fusible(eqns[stop], _known(read, eqns[start:stop]))
-        if next_key is None or next_key[0] != shape:
+    while stop < len(eqns) and len(pending) < HOIST_WINDOW:
+        eqn = eqns[stop]
+        lookup = _known(read, [*members, *hoisted, *pending])
+        next_key = fusible(eqn, lookup)
+        if (next_key is not None and next_key[0] == shape
+                and (ANY_LANES in (lanes, next_key[1]) or next_key[1] == lanes)):
+            lanes = next_key[1] if lanes == ANY_LANES else lanes
+            members.append(eqn)
+            hoisted += pending
+            pending = []
+        elif _hoistable(eqn, members):
+            pending.append(eqn)
+        else:
             break
-        if lanes != ANY_LANES and next_key[1] != ANY_LANES and next_key[1] != lanes:
-            break
-        lanes = next_key[1] if lanes == ANY_LANES else lanes
         stop += 1
-    return stop
+    folds = reduction_fusion.foldable(eqns, stop, members,
+                                      _known(read, [*members, *hoisted, *pending]))
+    if folds:  # a variance's divisor between its square and its sum
+        return Plan(members, hoisted + pending, folds, stop + len(folds))
+    return Plan(members, hoisted, [], stop - len(pending))  # hoisted only for a later member
+
+
+def _hoistable(eqn, members) -> bool:
+    """Whether `eqn` may be written before the run: pure, no inner jaxprs,
+    reading none of the run's results, results of plain dtypes."""
+    made = {v for e in members for v in e.outvars}
+    if eqn.effects or any(isinstance(p, (jex_core.Jaxpr, jex_core.ClosedJaxpr))
+                          for p in eqn.params.values()):
+        return False
+    if any(not isinstance(a, Literal) and a in made for a in eqn.invars):
+        return False
+    try:
+        for v in eqn.outvars:
+            mojo_dtype(v.aval.dtype)
+    except Unsupported:
+        return False
+    return True
 
 
 def _run_dtype(run):
@@ -149,7 +204,8 @@ def _run_dtype(run):
 
 
 def _known(read, run):
-    """`read` that also takes the run's own results (their shape is known)."""
+    """`read` that also takes the results of equations `run` (planned, not
+    yet written: their shape is known)."""
     made = {v: Array("fused", tuple(v.aval.shape), np.dtype(v.aval.dtype))
             for e in run for v in e.outvars}
 
@@ -161,10 +217,11 @@ def _known(read, run):
     return lookup
 
 
-def fused(emitter, run, read, live, into=None) -> dict:
-    """Write `run` (equations from `run_end`) as one loop; returns the
-    stored results (var -> Array), those in `live` (used after the run),
-    stored into the buffers `into` gives (var -> Array) where it has one."""
+def fused(emitter, run, read, live, into=None, folds=()) -> dict:
+    """Write `run` (a `Plan`'s members) as one loop; returns the stored
+    results (var -> Array): those in `live` (used after the run), stored
+    into the buffers `into` gives (var -> Array) where it has one, and the
+    results of the reductions it `folds` (reduction_fusion)."""
     for eqn in run:  # checked first: a refusal names its own equation
         with named(eqn):
             for v in (*eqn.invars, *eqn.outvars):
@@ -178,13 +235,25 @@ def fused(emitter, run, read, live, into=None) -> dict:
     results = {v: into[v] if v in into else emitter.value(v.aval.shape, v.aval.dtype)
                for e in run for v in e.outvars if v in live}
     width = VECTOR_BYTES // dt.itemsize if dt is not None else 1
-    dims, patterns = _coalesced(run, read, shape)
+    if folds:
+        from juju_kernels_mojo.codegen import reduction_fusion
+
+        results.update(reduction_fusion.fold(emitter, run, read, results, folds, width, dt))
+        emitter.work += n
+        return results
+    dims, patterns = coalesced(run, read, shape)
     if len(dims) < 2:  # every operand whole or one element: one flat loop
         _flat(emitter, run, read, results, n, width, dt)
     else:
         _rows(emitter, run, read, results, dims, patterns, width, dt)
     emitter.work += n  # one pass over the elements, whatever the run's length
     return results
+
+
+def chain_work(run, n: int) -> int:
+    """A run's element operations over `n` elements: what decides whether
+    its loop is split over the cores."""
+    return n * max(1, len(run))
 
 
 def _flat(emitter, run, read, results, n: int, width: int, dt) -> None:
@@ -195,21 +264,22 @@ def _flat(emitter, run, read, results, n: int, width: int, dt) -> None:
     if body:
         emitter.fusion = True
         k = emitter.fresh("k")
-        with emitter.split(body, width) as (lo, hi), \
+        with emitter.split(body, width, work=chain_work(run, n)) as (lo, hi), \
                 emitter.block(f"for {k} in range({lo}, {hi}, {width}):"):
-            _chain(emitter, run, read, results, at(k), k, width, dt)
+            chain(emitter, run, read, results, at(k), k, width, dt)
     if body < n:
         k = emitter.fresh("k")
-        with emitter.split(n - body, work=n - body) as (lo, hi), \
+        with emitter.split(n - body, work=chain_work(run, n - body)) as (lo, hi), \
                 emitter.block(f"for {k} in range({body} + {lo}, {body} + {hi}):"
                               if body else f"for {k} in range({lo}, {hi}):"):
-            _chain(emitter, run, read, results, at(k), k, 1, None)
+            chain(emitter, run, read, results, at(k), k, 1, None)
 
 
-def _coalesced(run, read, shape) -> tuple[list, dict]:
+def coalesced(run, read, shape, boundary: int | None = None) -> tuple[list, dict]:
     """The run's iteration space with adjacent axes merged where every
     operand is whole along both or broadcast along both (axes of size 1
-    dropped), and each broadcast operand's pattern over it (True: whole)."""
+    dropped), and each broadcast operand's pattern over it (True: whole).
+    No group spans axis `boundary` and the one before it."""
     made = {v for e in run for v in e.outvars}
     reads = {}
     for eqn in run:
@@ -220,16 +290,14 @@ def _coalesced(run, read, shape) -> tuple[list, dict]:
             if x.size != 1 and x.size != int(np.prod(shape, dtype=np.int64)):
                 reads[(id(eqn), atom)] = operand_shape(eqn, x, shape)
     axes = [d for d, size in enumerate(shape) if size != 1]
-    if not reads:
-        return [int(np.prod(shape, dtype=np.int64))], {}
     groups: list[list[int]] = []
     for d in axes:
         same = groups and all((e[d] != 1) == (e[groups[-1][-1]] != 1) for e in reads.values())
-        if same:
+        if same and not (boundary is not None and groups[-1][-1] < boundary <= d):
             groups[-1].append(d)
         else:
             groups.append([d])
-    dims = [int(np.prod([shape[d] for d in g])) for g in groups]
+    dims = [int(np.prod([shape[d] for d in g])) for g in groups] or [1]
     patterns = {key: [e[g[0]] != 1 for g in groups] for key, e in reads.items()}
     return dims, patterns
 
@@ -238,43 +306,52 @@ def _rows(emitter, run, read, results, dims, patterns, width: int, dt) -> None:
     """The run over `dims` (coalesced): rows of the last axis, SIMD along
     it, each broadcast operand read at its own row (a splat where the last
     axis is broadcast); the outer axes split over the cores."""
-    out_st = row_major(dims)
-    strides = {key: _pattern_strides(dims, whole) for key, whole in patterns.items()}
     last = dims[-1]
     body = last - last % width if dt is not None else 0
 
     def row(idx):
-        base = index_expr(idx, out_st[:-1])
-        bases = {key: index_expr(idx, st[:-1]) for key, st in strides.items()}
-
-        def at(j):
-            flat = add_offsets(base, j)
-
-            def locate(eqn, atom, x):
-                if x.size == 1:
-                    return "0", False
-                key = None if isinstance(atom, Literal) else (id(eqn), atom)
-                if key not in patterns:
-                    return flat, True
-                if patterns[key][-1]:
-                    return add_offsets(bases[key], j), True
-                return bases[key], False
-
-            return locate, flat
-
+        at = locator(dims, patterns, idx)
         if body:
             emitter.fusion = True
             j = emitter.fresh("j")
             with emitter.block(f"for {j} in range(0, {body}, {width}):"):
                 locate, flat = at(j)
-                _chain(emitter, run, read, results, locate, flat, width, dt)
+                chain(emitter, run, read, results, locate, flat, width, dt)
         if body < last:
             j = emitter.fresh("j")
             with emitter.block(f"for {j} in range({body}, {last}):"):
                 locate, flat = at(j)
-                _chain(emitter, run, read, results, locate, flat, 1, None)
+                chain(emitter, run, read, results, locate, flat, 1, None)
 
-    emitter.nest(dims[:-1], row, parallel=True, work=int(np.prod(dims)))
+    emitter.nest(dims[:-1], row, parallel=True, work=chain_work(run, int(np.prod(dims))))
+
+
+def locator(dims, patterns, idx):
+    """at(j) -> (locate, flat): where the run over `dims` (coalesced, each
+    broadcast operand's pattern) reads its operands at index `idx` of the
+    outer axes and `j` of the last (`_chain`'s `locate`), and the flat
+    index of the element there."""
+    out_st = row_major(dims)
+    strides = {key: _pattern_strides(dims, whole) for key, whole in patterns.items()}
+    base = index_expr(idx, out_st[:-1])
+    bases = {key: index_expr(idx, st[:-1]) for key, st in strides.items()}
+
+    def at(j):
+        flat = add_offsets(base, j)
+
+        def locate(eqn, atom, x):
+            if x.size == 1:
+                return "0", False
+            key = None if isinstance(atom, Literal) else (id(eqn), atom)
+            if key not in patterns:
+                return flat, True
+            if patterns[key][-1]:
+                return add_offsets(bases[key], j), True
+            return bases[key], False
+
+        return locate, flat
+
+    return at
 
 
 def _pattern_strides(dims, whole) -> list[int]:
@@ -301,11 +378,11 @@ def named(eqn):
         raise
 
 
-def _chain(emitter, run, read, results, locate, k: str, width: int, dt) -> None:
+def chain(emitter, run, read, results, locate, k: str, width: int, dt) -> dict:
     """One element (or vector of `width`) of every equation of the run:
     `locate(eqn, atom, x)` is where the equation reads operand `x` (an index,
     and whether it is contiguous there or one value to splat); results are
-    stored at `k`."""
+    stored at `k`. Returns each result's local name (var -> name)."""
     local: dict = {}
 
     def operand(eqn, atom) -> str:
@@ -342,6 +419,7 @@ def _chain(emitter, run, read, results, locate, k: str, width: int, dt) -> None:
         if out in results:
             target = results[out]
             emitter.emit(target.store(k, name) if width > 1 else f"{target.at(k)} = {name}")
+    return local
 
 
 def _vector_expression(emitter, eqn, args, dt, width: int) -> str:
