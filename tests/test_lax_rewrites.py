@@ -119,3 +119,47 @@ def test_reduced_broadcasts_are_folded_and_match_jax():
                 jax.jit(reduced_broadcasts)(*RB_ARGS))
     assert_same(jax.core.eval_jaxpr(folded.jaxpr, folded.consts, *RB_ARGS),
                 jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *RB_ARGS))
+
+
+def rnn_grads(w, xs):
+    """An RNN's weight gradient: JAX writes it in the backward scan's body
+    as at the top, a transposed product accumulated each step, and inside
+    a cond's branches and a jitted call."""
+    def loss(w):
+        def step(h, x):
+            h = jnp.tanh(h @ w + x)
+            return h, h
+        return jnp.sum(jax.lax.scan(step, xs[0], xs)[1] ** 2)
+
+    grad = jax.jit(jax.grad(loss))(w)
+    branch = jax.lax.cond(grad[0, 0] > 0, lambda: (xs[0:2].T @ xs[2:4]).T, lambda: grad[:4, :4])
+    return grad, branch
+
+
+RNN_ARGS = (rng.normal(size=(4, 4)).astype(np.float32) / 2,
+            rng.normal(size=(6, 2, 4)).astype(np.float32)[:, 0])
+
+
+def _transposes(jaxpr) -> int:
+    """The transposes in `jaxpr` and every jaxpr inside it."""
+    count = 0
+    for e in jaxpr.eqns:
+        count += e.primitive is jax.lax.transpose_p
+        for value in e.params.values():
+            for inner in value if isinstance(value, tuple) else (value,):
+                if isinstance(inner, (jax.extend.core.ClosedJaxpr, jax.extend.core.Jaxpr)):
+                    count += _transposes(getattr(inner, "jaxpr", inner))
+    return count
+
+
+def test_rewrites_reach_inside_loops_branches_and_calls():
+    from juju_ops_lax.plugin import juju_jaxpr_rewrites
+
+    closed = jax.make_jaxpr(rnn_grads)(*RNN_ARGS)
+    rewritten = closed
+    for rewrite in juju_jaxpr_rewrites():
+        rewritten = rewrite(rewritten)
+    assert _transposes(closed.jaxpr) >= 2 and _transposes(rewritten.jaxpr) == 0, \
+        (_transposes(closed.jaxpr), _transposes(rewritten.jaxpr))
+    assert_same(juju.jit(rnn_grads, tiered=False)(*RNN_ARGS), jax.jit(rnn_grads)(*RNN_ARGS),
+                rtol=1e-5, atol=1e-5)

@@ -49,5 +49,6 @@ def juju_rules():
 
 @juju.hookimpl
 def juju_jaxpr_rewrites():
-    return [rewrites.fold_transposed_dots, rewrites.fold_transposed_operands,
-            rewrites.fold_reduced_broadcasts]
+    return [rewrites.everywhere(r) for r in (rewrites.fold_transposed_dots,
+                                             rewrites.fold_transposed_operands,
+                                             rewrites.fold_reduced_broadcasts)]

@@ -1,4 +1,5 @@
-"""Jaxpr rewrites of the lax pack (the `juju_jaxpr_rewrites` hook).
+"""Jaxpr rewrites of the lax pack (the `juju_jaxpr_rewrites` hook), each
+applied inside loop bodies, branches and calls too (`everywhere`).
 
 `transpose(dot_general(a, b))` of matrices becomes `dot_general(b, a)`. JAX's
 transpose rule writes every weight gradient of a dense layer that way; XLA
@@ -14,12 +15,47 @@ keeps `x @ w.T` free of a copy (`juju_ops_lax.dot`'s transposed-B form).
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import numpy as np
 
 from juju import primitives as P
-from juju._compat import ClosedJaxpr, Var
+from juju._compat import ClosedJaxpr, Jaxpr, Var
+
+
+def everywhere(rewrite):
+    """`rewrite` applied to every jaxpr inside a program (loop and branch
+    bodies, calls, custom derivatives' primal jaxprs) and then to the
+    program itself: JAX writes an RNN's weight gradients inside the
+    backward scan's body just as a dense layer's at the top."""
+    @functools.wraps(rewrite)
+    def deep(closed: ClosedJaxpr) -> ClosedJaxpr:
+        eqns, changed = [], False
+        for e in closed.jaxpr.eqns:
+            params = {k: _inside(v, deep) for k, v in e.params.items()}
+            if any(params[k] is not v for k, v in e.params.items()):
+                e, changed = e.replace(params=params), True
+            eqns.append(e)
+        if changed:
+            closed = ClosedJaxpr(closed.jaxpr.replace(eqns=eqns), closed.consts)
+        return rewrite(closed)
+
+    return deep
+
+
+def _inside(value, rewrite):
+    """An equation's parameter with the jaxprs in it rewritten (the value
+    itself where nothing changed)."""
+    if isinstance(value, ClosedJaxpr):
+        return rewrite(value)
+    if isinstance(value, Jaxpr) and not value.constvars:
+        result = rewrite(ClosedJaxpr(value, []))
+        return value if result.jaxpr is value else result.jaxpr
+    if isinstance(value, tuple) and any(isinstance(x, (ClosedJaxpr, Jaxpr)) for x in value):
+        new = tuple(_inside(x, rewrite) for x in value)
+        return value if all(a is b for a, b in zip(new, value)) else new
+    return value
 
 
 def _uses(jaxpr) -> Counter:

@@ -72,7 +72,7 @@ def _vector_fold(emitter, prim, operand, out, axes) -> bool:
         return False
     axes = sorted(axes)
     n = math.prod(operand.shape[d] for d in axes)
-    if not operand.size or n < 2 * width:
+    if not operand.size or n < 2:
         return False
     vector = f"SIMD[{mojo_dtype(dt)}, {width}]"
     identity = literal(reduction_identity(REDUCTIONS[prim][1], dt), dt)
@@ -83,7 +83,7 @@ def _vector_fold(emitter, prim, operand, out, axes) -> bool:
     def fold(acc, value):
         return f"{acc} = " + combine.format(a=acc, b=value, dt=mojo_dtype(dt), w=width)
 
-    if axes == list(range(rank - len(axes), rank)):  # each output a row of n
+    if axes == list(range(rank - len(axes), rank)) and n >= 2 * width:  # each output a row
         body = n - n % width
         with emitter.split(out.size, work=operand.size) as (lo, hi):
             o, b, c, acc, total = (emitter.fresh(x) for x in ("o", "b", "c", "acc", "total"))
