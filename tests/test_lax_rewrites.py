@@ -124,7 +124,8 @@ def test_reduced_broadcasts_are_folded_and_match_jax():
 def rnn_grads(w, xs):
     """An RNN's weight gradient: JAX writes it in the backward scan's body
     as at the top, a transposed product accumulated each step, and inside
-    a cond's branches and a jitted call."""
+    a cond's branches and a jitted call; a solve (custom_linear_solve: its
+    jaxprs in a namedtuple)."""
     def loss(w):
         def step(h, x):
             h = jnp.tanh(h @ w + x)
@@ -133,7 +134,7 @@ def rnn_grads(w, xs):
 
     grad = jax.jit(jax.grad(loss))(w)
     branch = jax.lax.cond(grad[0, 0] > 0, lambda: (xs[0:2].T @ xs[2:4]).T, lambda: grad[:4, :4])
-    return grad, branch
+    return grad, branch, jnp.linalg.solve(grad + 4 * jnp.eye(4), xs[0])
 
 
 RNN_ARGS = (rng.normal(size=(4, 4)).astype(np.float32) / 2,

@@ -53,8 +53,10 @@ def _inside(value, rewrite):
         result = rewrite(ClosedJaxpr(value, []))
         return value if result.jaxpr is value else result.jaxpr
     if isinstance(value, tuple) and any(isinstance(x, (ClosedJaxpr, Jaxpr)) for x in value):
-        new = tuple(_inside(x, rewrite) for x in value)
-        return value if all(a is b for a, b in zip(new, value)) else new
+        new = [_inside(x, rewrite) for x in value]
+        if all(a is b for a, b in zip(new, value)):
+            return value
+        return type(value)(*new) if hasattr(value, "_fields") else tuple(new)  # namedtuples
     return value
 
 

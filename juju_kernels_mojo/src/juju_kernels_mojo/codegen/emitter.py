@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+from types import SimpleNamespace
 
 import numpy as np
 from jax.extend import core as jex_core
 
 from juju import fallback
 from juju._compat import ShapedArray, is_key_dtype
-from juju_kernels_mojo.codegen import complex_parts, fusion, parts, prng, tasks
+from juju_kernels_mojo.codegen import complex_parts, control_flow, fusion, parts, prng, tasks
 from juju_kernels_mojo.codegen.mojo import (VECTOR_BYTES, Array, Const, Unsupported,
                                             add_offsets, index_expr, mojo_dtype, scalar_type)
 from juju_kernels_mojo.codegen.mojo import strides as row_major
@@ -253,20 +254,23 @@ class Emitter:
         env = {}
         for var, value in zip([*jaxpr.constvars, *jaxpr.invars], [*consts, *args], strict=True):
             env[var] = value
+        eqns, outvars, inner_consts, origins = control_flow.inlined(jaxpr)
+        for var, value in inner_consts:
+            env[var] = self.closed_const(value)
+        flat = SimpleNamespace(eqns=eqns, outvars=outvars)
 
         def read(atom):
             if isinstance(atom, jex_core.Literal):
                 return Const(atom.val, tuple(np.shape(atom.val)), np.dtype(atom.aval.dtype))
             return env[atom]
 
-        eqns, start = jaxpr.eqns, 0
+        start = 0
         last_use = {a: i for i, e in enumerate(eqns) for a in e.invars
                     if not isinstance(a, jex_core.Literal)}
-        last_use.update((a, len(eqns)) for a in jaxpr.outvars
-                        if not isinstance(a, jex_core.Literal))
+        last_use.update((a, len(eqns)) for a in outvars if not isinstance(a, jex_core.Literal))
         while start < len(eqns):
             eqn = eqns[start]
-            with fusion.named(eqn):
+            with fusion.named(origins.get(id(eqn), eqn)), fusion.named(eqn):
                 for v in (*eqn.invars, *eqn.outvars):
                     self.check_aval(v.aval)
                 forward = FORWARDING.get(eqn.primitive)
@@ -279,14 +283,15 @@ class Emitter:
                     self.hoisted(hoisted, read, env)
                 live = {v for e in run.members for v in e.outvars
                         if last_use.get(v, -1) >= run.stop}
-                targets = _in_place(jaxpr, into, run.members, env, last_use)
-                with fusion.named(run.members[0]):
+                targets = _in_place(flat, into, run.members, env, last_use)
+                with fusion.named(origins.get(id(run.members[0]), run.members[0])):
                     env.update(fusion.fused(self, run.members, read, live, targets, run.folds))
                 start = run.stop
                 continue
-            self.written(eqn, read, env, results)
+            with fusion.named(origins.get(id(eqn), eqn)):
+                self.written(eqn, read, env, results)
             start += 1
-        return [read(a) for a in jaxpr.outvars]
+        return [read(a) for a in outvars]
 
     def hoisted(self, eqn, read, env) -> None:
         """Write `eqn` on its own, ahead of the run it was hoisted out of."""
@@ -374,7 +379,6 @@ class Emitter:
         """The closed jaxpr that the highest-priority rule for `prim` with a
         decomposition (`juju.lower_fun`, the core's fallback) would lower, or
         None. Key arrays are their raw data there."""
-        from types import SimpleNamespace
 
         from juju.plugins import registry
 
