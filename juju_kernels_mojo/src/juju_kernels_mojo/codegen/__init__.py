@@ -16,7 +16,8 @@ to its writer, `writer(emitter, prim, ins, outs, **params)`):
 
 | module | equations |
 |---|---|
-| `emitter` | the core: buffers, loops, copies, a jaxpr's equations, decompositions |
+| `emitter` | the core: buffers, loops, copies, a jaxpr's equations (calls inlined), decompositions |
+| `fusion`, `reduction_fusion`, `tasks` | elementwise runs as one loop, the reductions they feed folded in; loops on the cores |
 | `elementwise` | arithmetic, math, comparisons, select, clamp, casts, rounding |
 | `structural` | broadcast, reshape, transpose, rev, slices, concatenate, stack, split, pad, iota |
 | `indexing` | dynamic slices, gather, scatter |
