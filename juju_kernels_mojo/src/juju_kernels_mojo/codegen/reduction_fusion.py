@@ -217,27 +217,46 @@ def _fold_rows(emitter, run, read, results, accumulators, dims, patterns, kept, 
     accumulators.store(totals, "0", 1)
 
 
+#: Outputs a column fold keeps while it walks the rows: a tile of them (in
+#: L1), so that each row is read contiguously. A column at a time strode
+#: a row's length per element: Sinkhorn's 1024x1024 column folds spent 60%
+#: of their time waiting on memory that way.
+COLUMN_TILE = 256
+
+
 def _fold_columns(emitter, run, read, results, accumulators, dims, patterns, kept,
                   dt) -> None:
     """dims = [R..., K]: each of the K outputs folds its column (the
-    leading groups, row-major), a SIMD vector of outputs at a time (the
-    rest one by one); the outputs split over the cores."""
+    leading groups, row-major). The outputs go in tiles of COLUMN_TILE: a
+    tile starts at the identity, then each row folds into it, a SIMD vector
+    of outputs at a time (the rest one by one); the outputs split over the
+    cores. Each output adds its rows in order, as a column at a time."""
     width, columns = accumulators.width, dims[-1]
     rows = math.prod(dims[:-1])
     body = columns - columns % width if width > 1 else 0
 
     def fold_columns(lo: str, hi: str, step: int, lanes) -> None:
-        j = emitter.fresh("j")
-        with emitter.block(f"for {j} in range({lo}, {hi}, {step}):"):
-            accs = accumulators.start("acc", step)
+        tile, j = emitter.fresh("tile"), emitter.fresh("j")
+        with emitter.block(f"for {tile} in range({lo}, {hi}, {COLUMN_TILE}):"):
+            end = f"min({tile} + {COLUMN_TILE}, {hi})"
+            with emitter.block(f"for {j} in range({tile}, {end}, {step}):"):
+                accumulators.store({f: accumulators.identity(f, step) for f in accumulators.folds},
+                                   j, step)
 
-            def element(idx):
-                locate, flat = locator(dims, patterns, idx)(j)
-                accumulators.add(accs, chain(emitter, run, read, results, locate, flat,
-                                             step, lanes), step)
+            def row(idx):
+                at, k = locator(dims, patterns, idx), emitter.fresh("j")
+                with emitter.block(f"for {k} in range({tile}, {end}, {step}):"):
+                    locate, flat = at(k)
+                    local = chain(emitter, run, read, results, locate, flat, step, lanes)
+                    accs = {}
+                    for f in accumulators.folds:
+                        out, accs[f] = accumulators.outs[f], emitter.fresh("acc")
+                        emitter.emit(f"var {accs[f]} = "
+                                     f"{out.load(k, step) if step > 1 else out.at(k)}")
+                    accumulators.add(accs, local, step)
+                    accumulators.store(accs, k, step)
 
-            emitter.nest(dims[:-1], element)
-            accumulators.store(accs, j, step)
+            emitter.nest(dims[:-1], row)
 
     if body:
         with emitter.split(body, width, work=chain_work(run, rows * body)) as (lo, hi):
