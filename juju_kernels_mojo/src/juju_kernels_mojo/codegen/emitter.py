@@ -257,63 +257,65 @@ class Emitter:
         eqns, outvars, inner_consts, origins = control_flow.inlined(jaxpr)
         for var, value in inner_consts:
             env[var] = self.closed_const(value)
-        flat = SimpleNamespace(eqns=eqns, outvars=outvars)
 
         def read(atom):
             if isinstance(atom, jex_core.Literal):
                 return Const(atom.val, tuple(np.shape(atom.val)), np.dtype(atom.aval.dtype))
             return env[atom]
 
+        def located(eqn):
+            """A refusal names `eqn`, and the user's call it was inlined from."""
+            stack = contextlib.ExitStack()
+            if id(eqn) in origins:
+                stack.enter_context(fusion.named(origins[id(eqn)]))
+            stack.enter_context(fusion.named(eqn))
+            return stack
+
         start = 0
+        position = {id(e): i for i, e in enumerate(eqns)}
         last_use = {a: i for i, e in enumerate(eqns) for a in e.invars
                     if not isinstance(a, jex_core.Literal)}
         last_use.update((a, len(eqns)) for a in outvars if not isinstance(a, jex_core.Literal))
         while start < len(eqns):
             eqn = eqns[start]
-            with fusion.named(origins.get(id(eqn), eqn)), fusion.named(eqn):
-                for v in (*eqn.invars, *eqn.outvars):
-                    self.check_aval(v.aval)
-                forward = FORWARDING.get(eqn.primitive)
-                results = None if forward is None else forward(
-                    self, [read(a) for a in eqn.invars], eqn.params,
-                    [v.aval for v in eqn.outvars])
+            with located(eqn):
+                results = self.forwarded(eqn, read)
                 run = None if results is not None else fusion.plan(eqns, start, read)
             if run is not None:  # one loop for the run, on the cores where it is large
-                for hoisted in run.hoisted:
-                    self.hoisted(hoisted, read, env)
+                for hoisted in run.hoisted:  # written ahead of it
+                    with located(hoisted):
+                        self.written(hoisted, read, env, self.forwarded(hoisted, read))
                 live = {v for e in run.members for v in e.outvars
                         if last_use.get(v, -1) >= run.stop}
-                targets = _in_place(flat, into, run.members, env, last_use)
-                with fusion.named(origins.get(id(run.members[0]), run.members[0])):
+                targets = _in_place(outvars, position, into, run.members, env, last_use)
+                with located(run.members[0]):
                     env.update(fusion.fused(self, run.members, read, live, targets, run.folds))
                 start = run.stop
                 continue
-            with fusion.named(origins.get(id(eqn), eqn)):
+            with located(eqn):
                 self.written(eqn, read, env, results)
             start += 1
         return [read(a) for a in outvars]
 
-    def hoisted(self, eqn, read, env) -> None:
-        """Write `eqn` on its own, ahead of the run it was hoisted out of."""
-        with fusion.named(eqn):
-            for v in (*eqn.invars, *eqn.outvars):
-                self.check_aval(v.aval)
-            forward = FORWARDING.get(eqn.primitive)
-            results = None if forward is None else forward(
-                self, [read(a) for a in eqn.invars], eqn.params, [v.aval for v in eqn.outvars])
-        self.written(eqn, read, env, results)
+    def forwarded(self, eqn, read):
+        """`eqn`'s results bound without code (`FORWARDING`: calls'
+        results, identities, reshapes), or None; its values checked first."""
+        for v in (*eqn.invars, *eqn.outvars):
+            self.check_aval(v.aval)
+        forward = FORWARDING.get(eqn.primitive)
+        return None if forward is None else forward(
+            self, [read(a) for a in eqn.invars], eqn.params, [v.aval for v in eqn.outvars])
 
     def written(self, eqn, read, env, results) -> None:
         """Write `eqn` on its own (`results`: its forwarded results, or None)
         and bind its outputs in `env`."""
-        with fusion.named(eqn):
-            if results is not None:
-                outs = [self.materialized(r) for r in results]
-            else:
-                ins = [read(a) for a in eqn.invars]
-                outs = [self.value(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
-                self.equation(eqn.primitive, ins, outs, eqn.params,
-                              [v.aval for v in eqn.invars], [v.aval for v in eqn.outvars])
+        if results is not None:
+            outs = [self.materialized(r) for r in results]
+        else:
+            ins = [read(a) for a in eqn.invars]
+            outs = [self.value(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
+            self.equation(eqn.primitive, ins, outs, eqn.params,
+                          [v.aval for v in eqn.invars], [v.aval for v in eqn.outvars])
         self.work += sum(o.size for o in outs)
         env.update(zip(eqn.outvars, outs))
 
@@ -484,21 +486,20 @@ def coalesce(shape, *strides_of) -> tuple:
     return dims, *merged
 
 
-def _in_place(jaxpr, into, members, env, last_use) -> dict:
-    """The outputs of the fused run `members` (equations of the jaxpr, in
-    order) that can be stored into their carry buffers (`into`) directly:
-    the buffer holds the old carry, read by nothing after the run and inside
-    it only elementwise (the run's shape) by equations up to the one
-    computing the output, so that each element is read before it is
-    overwritten."""
+def _in_place(outvars, position, into, members, env, last_use) -> dict:
+    """The outputs of the fused run `members` (equations of a jaxpr whose
+    outputs are `outvars`, each at `position[id(eqn)]`) that can be stored
+    into their carry buffers (`into`) directly: the buffer holds the old
+    carry, read by nothing after the run and inside it only elementwise (the
+    run's shape) by equations up to the one computing the output, so that
+    each element is read before it is overwritten."""
     if not into:
         return {}
     shape = tuple(members[0].outvars[0].aval.shape)
-    index = {id(e): i for i, e in enumerate(jaxpr.eqns)}
-    producer = {v: index[id(e)] for e in members for v in e.outvars}
+    producer = {v: position[id(e)] for e in members for v in e.outvars}
     targets = {}
     for out_index, buffer in into.items():
-        out = jaxpr.outvars[out_index]
+        out = outvars[out_index]
         if (out not in producer or out in targets or not isinstance(buffer, Array)
                 or tuple(out.aval.shape) != shape or buffer.shape != shape):
             continue

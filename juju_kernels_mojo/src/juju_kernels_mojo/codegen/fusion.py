@@ -154,33 +154,34 @@ def plan(eqns, start: int, read) -> Plan | None:
         return None
     shape, lanes = key
     members, hoisted, pending = [eqns[start]], [], []
+    lookup = _Planned(read, members)
+    made = set(eqns[start].outvars)  # the members' results
     stop = start + 1
     while stop < len(eqns) and len(pending) < HOIST_WINDOW:
         eqn = eqns[stop]
-        lookup = _known(read, [*members, *hoisted, *pending])
         next_key = fusible(eqn, lookup)
         if (next_key is not None and next_key[0] == shape
                 and (ANY_LANES in (lanes, next_key[1]) or next_key[1] == lanes)):
             lanes = next_key[1] if lanes == ANY_LANES else lanes
             members.append(eqn)
+            made.update(eqn.outvars)
             hoisted += pending
             pending = []
-        elif _hoistable(eqn, members):
+        elif _hoistable(eqn, made):
             pending.append(eqn)
         else:
             break
+        lookup.add(eqn)
         stop += 1
-    folds = reduction_fusion.foldable(eqns, stop, members,
-                                      _known(read, [*members, *hoisted, *pending]))
+    folds = reduction_fusion.foldable(eqns, stop, members, lookup)
     if folds:  # a variance's divisor between its square and its sum
         return Plan(members, hoisted + pending, folds, stop + len(folds))
     return Plan(members, hoisted, [], stop - len(pending))  # hoisted only for a later member
 
 
-def _hoistable(eqn, members) -> bool:
+def _hoistable(eqn, made) -> bool:
     """Whether `eqn` may be written before the run: pure, no inner jaxprs,
-    reading none of the run's results, results of plain dtypes."""
-    made = {v for e in members for v in e.outvars}
+    reading none of the run's results (`made`), results of plain dtypes."""
     if eqn.effects or any(isinstance(p, (jex_core.Jaxpr, jex_core.ClosedJaxpr))
                           for p in eqn.params.values()):
         return False
@@ -203,18 +204,23 @@ def _run_dtype(run):
     return None
 
 
-def _known(read, run):
-    """`read` that also takes the results of equations `run` (planned, not
-    yet written: their shape is known)."""
-    made = {v: Array("fused", tuple(v.aval.shape), np.dtype(v.aval.dtype))
-            for e in run for v in e.outvars}
+class _Planned:
+    """`read` that also takes the results of the equations planned so far
+    (`add`: not yet written, their shape is known)."""
 
-    def lookup(atom):
-        if not isinstance(atom, Literal) and atom in made:
-            return made[atom]
-        return read(atom)
+    def __init__(self, read, eqns=()):
+        self.read, self.made = read, {}
+        for eqn in eqns:
+            self.add(eqn)
 
-    return lookup
+    def add(self, eqn) -> None:
+        self.made.update((v, Array("fused", tuple(v.aval.shape), np.dtype(v.aval.dtype)))
+                         for v in eqn.outvars)
+
+    def __call__(self, atom):
+        if not isinstance(atom, Literal) and atom in self.made:
+            return self.made[atom]
+        return self.read(atom)
 
 
 def fused(emitter, run, read, live, into=None, folds=()) -> dict:

@@ -50,7 +50,7 @@ def foldable(eqns, stop: int, members, read) -> list:
             break
         if np.dtype(operand.aval.dtype).kind not in "fiu":
             break
-        if layout(members, read, shape, axes) is None:
+        if not folds and layout(members, read, shape, axes) is None:  # the others' axes match
             break
         folds.append(eqn)
     return folds
@@ -114,11 +114,14 @@ class _Accumulators:
             self.emitter.emit(f"var {name} = {self.identity(f, width)}")
         return names
 
-    def add(self, names: dict, local: dict, width: int) -> None:
-        """Fold each reduction's value: its operand's in `local` (var ->
-        name, from `fusion.chain`), or `local[f]` for the fold `f`."""
+    def operands(self, local: dict) -> dict:
+        """Each fold's value in `local` (var -> name, from `fusion.chain`)."""
+        return {f: local[f.invars[0]] for f in self.folds}
+
+    def add(self, names: dict, values: dict, width: int) -> None:
+        """Fold each reduction's value (`values`, by fold) into its name."""
         for f, name in names.items():
-            value = local[f] if f in local else local[f.invars[0]]
+            value = values[f]
             if width == 1:
                 combine = REDUCTIONS[f.primitive][0].format(a=name, b=value)
             else:
@@ -166,15 +169,15 @@ def _fold_rows(emitter, run, read, results, accumulators, dims, patterns, kept, 
                 with emitter.block(f"for {j} in range({b}, min({b} + {SUM_BLOCK}, {hi}), "
                                    f"{width}):"):
                     locate, flat = at(j)
-                    accumulators.add(accs, chain(emitter, run, read, results, locate, flat,
-                                                 width, dt), width)
+                    local = chain(emitter, run, read, results, locate, flat, width, dt)
+                    accumulators.add(accs, accumulators.operands(local), width)
                 accumulators.join_lanes(totals, accs)
         if body < n:
             j = emitter.fresh("j")
             with emitter.block(f"for {j} in range({rest_lo}, {rest_hi}):"):
                 locate, flat = at(j)
-                accumulators.add(totals, chain(emitter, run, read, results, locate, flat,
-                                               1, None), 1)
+                local = chain(emitter, run, read, results, locate, flat, 1, None)
+                accumulators.add(totals, accumulators.operands(local), 1)
 
     def rows(outer, totals) -> None:
         """Fold every row of the reduced groups under the outer index."""
@@ -253,7 +256,7 @@ def _fold_columns(emitter, run, read, results, accumulators, dims, patterns, kep
                         out, accs[f] = accumulators.outs[f], emitter.fresh("acc")
                         emitter.emit(f"var {accs[f]} = "
                                      f"{out.load(k, step) if step > 1 else out.at(k)}")
-                    accumulators.add(accs, local, step)
+                    accumulators.add(accs, accumulators.operands(local), step)
                     accumulators.store(accs, k, step)
 
             emitter.nest(dims[:-1], row)
