@@ -11,6 +11,8 @@ callbacks, threads and the fallbacks to a MAX graph are covered.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 
 import jax
@@ -190,3 +192,43 @@ def test_a_batch_that_fails_to_build_is_split_down_to_the_failing_kernel(monkeyp
     # builds it alone), [bad d] fails -> [bad] and [d] are left to runner too
     assert builds == [5, 2, 3, 2]
     assert built == {"a": built["a"], "b": built["a"]}
+
+
+_WORKERS_PROBE = """
+import os
+import jax, jax.numpy as jnp, numpy as np
+import juju
+from juju import engine
+from juju._compat import max_worker_thread_ids
+from juju_kernels_mojo.native_programs import NativeProgram
+
+def chain(x):  # 2^20 elements: its loop runs on the cores (a parallel region)
+    for _ in range(4):
+        x = jnp.tanh(x * 1.5 + 0.25)
+    return x
+
+x = np.linspace(-2, 2, 1 << 20, dtype=np.float32).reshape(1024, 1024)
+f = juju.jit(chain, tiered=False)
+compiled = f.lower(x).compile()
+assert isinstance(compiled.executable.model, NativeProgram), "not a native program"
+assert not engine._sessions, "a MAX session exists: the probe needs a process without one"
+np.testing.assert_allclose(juju.to_numpy(f(x)), np.asarray(jax.jit(chain)(x)), rtol=1e-6)
+workers = max_worker_thread_ids()
+assert workers, "no MAX worker thread after a parallel region: their names changed?"
+print([os.getpriority(os.PRIO_PROCESS, t) for t in workers])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_workers_a_native_program_starts_yield_to_the_caller():
+    """A native program's parallel region starts MAX's workers without a
+    session; they spin after each region, and at nice 0 took the caller's
+    core (a flax nnx step 0.3 -> 2.8 ms). They get the session's nice value."""
+    import subprocess
+
+    env = {**os.environ, "JUJU_MAX_WORKER_NICE": "10", "JUJU_KERNEL_THREADS": "2"}
+    run = subprocess.run([sys.executable, "-c", _WORKERS_PROBE], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    nices = eval(run.stdout.strip().splitlines()[-1])
+    assert nices and all(n >= 10 for n in nices), nices

@@ -67,7 +67,7 @@ class Engine:
                 compile_worker.configure_session(session, self.kind)
                 _sessions[self.key] = session
                 # MAX's CPU workers exist from here on, whichever the device.
-                _lower_worker_priority()
+                lower_worker_priority()
             return session
 
     @property
@@ -139,22 +139,35 @@ _devices: dict[tuple[str, int], object] = {}
 _WORKER_NICE_DEFAULT = 10
 
 
-def _lower_worker_priority() -> None:
+_reniced: set[int] = set()  # worker thread ids already given the nice value
+_renice_lock = threading.Lock()
+
+
+def lower_worker_priority() -> bool:
+    """Give MAX's CPU worker threads that exist now the nice value
+    (`JUJU_MAX_WORKER_NICE`); whether any worker exists. The session makes
+    them; a native program's first parallel region does too, without one."""
     try:
         nice = int(os.environ.get("JUJU_MAX_WORKER_NICE", _WORKER_NICE_DEFAULT))
     except ValueError:
         nice = _WORKER_NICE_DEFAULT
-    if nice <= 0:
-        return
     try:  # MAX's thread names are version-specific; serving without jax skips this
         from juju._compat import max_worker_thread_ids
     except ImportError:
-        return
-    for tid in max_worker_thread_ids():
-        try:
-            os.setpriority(os.PRIO_PROCESS, tid, nice)  # Linux: per thread
-        except OSError:  # not permitted here: leave MAX as it is
-            pass
+        return False
+    workers = max_worker_thread_ids()
+    if nice <= 0:
+        return bool(workers)
+    with _renice_lock:
+        for tid in workers:
+            if tid in _reniced:
+                continue
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)  # Linux: per thread
+            except OSError:  # not permitted here: leave MAX as it is
+                pass
+            _reniced.add(tid)
+    return bool(workers)
 
 
 def _device(kind: str, index: int):

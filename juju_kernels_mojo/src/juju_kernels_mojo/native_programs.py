@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from juju import CompileError, JujuError
+from juju import CompileError, JujuError, engine
 from juju import primitives as P
 from juju._compat import Literal, is_complex_dtype, is_key_dtype, scan_layout
 from juju.buffers import host_buffer, to_numpy
@@ -233,6 +233,7 @@ class NativeProgram:
         self._first_result = len(operands) + len(consts)
         self._pointer_array = ctypes.c_void_p * len(self._template)
         self._per_thread = threading.local()  # each thread's argument array
+        self._workers_checked = False
 
     def alias(self, pairs) -> list:
         """Of the (argument, result) pairs of donated arguments, those this
@@ -265,6 +266,12 @@ class NativeProgram:
         for slot, out in enumerate(outs, self._first_result):
             arguments[slot] = out._data_ptr()
         status = self._function(arguments)
+        if not self._workers_checked:
+            # Without a session, a kernel's first parallel region starts
+            # MAX's workers: they get the nice value a session gives them
+            # (juju.engine), or their spin takes the caller's core.
+            engine.lower_worker_priority()
+            self._workers_checked = True
         if status:
             raise NativeProgramError(
                 f"juju: a native program's kernel failed (status {status}); set "

@@ -22,10 +22,11 @@ from juju_kernels_mojo.codegen.mojo import strides as row_major
 
 #: Products of fewer multiply-adds stay loops (a BLAS call costs ~1 us).
 BLAS_MIN_WORK = 1 << 14
-#: Multiply-adds from which a product is split over the cores; inside a
-#: scan or while body a larger one (see emitter.PARALLEL_MIN_IN_LOOP).
-BLAS_PARALLEL_MIN = 1 << 18
-BLAS_PARALLEL_MIN_IN_LOOP = 1 << 22
+#: Multiply-adds from which a product is split over the cores (see
+#: emitter.PARALLEL_MIN), inside a scan or while body too (a GRU scan whose
+#: steps split 1.5M-multiply-add products ran 6x jax.jit).
+BLAS_PARALLEL_MIN = 1 << 23
+BLAS_PARALLEL_MIN_IN_LOOP = 1 << 23
 
 
 def dot_general(emitter, prim, ins, outs, *, dimension_numbers, precision=None,

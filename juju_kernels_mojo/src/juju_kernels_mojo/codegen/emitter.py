@@ -25,9 +25,14 @@ from juju_kernels_mojo.codegen.mojo import (VECTOR_BYTES, Array, Const, Unsuppor
 from juju_kernels_mojo.codegen.mojo import strides as row_major
 from juju_kernels_mojo.codegen.parts import Parts
 
-#: Loops over fewer elements run on one thread: waking the other cores
-#: (`Emitter.split`) costs a few microseconds.
-PARALLEL_MIN = 1 << 16
+#: Loops of less work (element operations) run on one thread. Waking the
+#: other cores (`Emitter.split`) costs ~3 us in a tight loop, but a call
+#: comes after other work: jax.jit's or the caller's, while MAX's workers
+#: slept or spun. A flax nnx step (256x256 values, 8 regions from 2^16)
+#: ran 2.3 ms against 0.34 ms on one thread, interleaved with jax.jit's
+#: calls; from 2^20 (and products from 2^23) it ran 0.34 ms, and larger
+#: programs kept their times (docs/performance.md, stop 63).
+PARALLEL_MIN = 1 << 20
 #: The same inside a scan or while body. After a parallel region MAX's
 #: workers spin for a while (docs/performance.md, "MAX's spinning
 #: workers"), taking the cores from the serial code of the rest of the step:
