@@ -25,7 +25,7 @@ import juju
 from juju_kernels_mojo import native_programs
 from juju_kernels_mojo.native_programs import NativeProgram
 from tests.programs.runner import host_leaves  # numpy arrays, PRNG keys as their data
-from tests.test_program_kernels import CASES
+from tests.test_program_kernels import CASES, TOLERANCES, small_parallel_thresholds
 from tests.util import assert_same
 
 rng = np.random.default_rng(11)
@@ -37,6 +37,7 @@ def program_kernels_on():
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("JUJU_PROGRAM_KERNELS", "1")
         patch.delenv("JUJU_NATIVE_PROGRAMS", raising=False)
+        small_parallel_thresholds(patch)  # the threaded forms of CASES, natively
         yield
 
 
@@ -91,7 +92,7 @@ def test_a_one_kernel_program_runs_natively_and_matches_jax(compiled, name):
     got, expected = compiled[name](*args), jax.jit(fn)(*args)
     assert jax.tree.structure(got) == jax.tree.structure(expected)
     for g, e in zip(host_leaves(got), host_leaves(expected), strict=True):
-        assert_same(g, np.asarray(e))
+        assert_same(g, np.asarray(e), **TOLERANCES.get(name, {}))
 
 
 def test_results_never_share_an_arguments_memory(compiled):

@@ -37,6 +37,7 @@ class BlasLibrary:
     getrf: dict = field(default_factory=dict)
     geqrf: dict = field(default_factory=dict)
     orgqr: dict = field(default_factory=dict)
+    gemv: dict = field(default_factory=dict)  # matrix-vector products
 
 
 # (package whose wheel ships the library, file pattern, symbol prefix and
@@ -91,7 +92,8 @@ def _find() -> BlasLibrary | None:
                                     _present(handle, f"{prefix}{{}}trsm{suffix}"),
                                     _present(handle, f"scipy_LAPACKE_{{}}potrf{suffix}"),
                                     *(_present(handle, f"scipy_LAPACKE_{{}}{name}{suffix}")
-                                      for name in ("getrf", "geqrf", "orgqr")))
+                                      for name in ("getrf", "geqrf", "orgqr")),
+                                    _present(handle, f"{prefix}{{}}gemv{suffix}"))
                 for symbol in (found.sgemm, found.dgemm):
                     getattr(handle, symbol)
                 getattr(handle, set_threads)(1)

@@ -557,4 +557,54 @@ def blas_gemm[dt: DType, library: StaticString, symbol: StaticString, ilp64: Boo
                         block(i, r0, min(r0 + height, m), 0, n)
 
     sync_parallelize(task, tasks)
+
+
+def blas_gemv[dt: DType, library: StaticString, symbol: StaticString, ilp64: Bool](
+    trans: Bool, batch: Int, rows: Int, cols: Int, parallel: Bool,
+    a: UnsafePointer[Scalar[dt], MutAnyOrigin], x: UnsafePointer[Scalar[dt], MutAnyOrigin],
+    y: UnsafePointer[Scalar[dt], MutAnyOrigin],
+) raises:
+    """y[i] = op(a[i]) x[i] for i < batch, a[i] a row-major rows x cols
+    matrix (op: transposed where `trans`) through the BLAS's ?gemv: a
+    matrix-vector product as ?gemm packs the whole matrix first. Where
+    `parallel`, one block of y per core."""
+    var lib = OwnedDLHandle(library, RTLD.NOW | RTLD.LOCAL)
+    var gemv = lib.get_function[NoneType](symbol)
+    var outs = cols if trans else rows
+    var ins = rows if trans else cols
+    var op = Int32(112) if trans else Int32(111)
+    var one = Scalar[dt](1)
+    var zero = Scalar[dt](0)
+
+    def block(i: Int, o0: Int, o1: Int) {var}:
+        var a0 = a.unsafe_offset(i * rows * cols + (o0 if trans else o0 * cols))
+        var m = rows if trans else o1 - o0
+        var n = o1 - o0 if trans else cols
+        comptime if ilp64:
+            gemv(Int32(101), op, m, n, one, a0, cols, x.unsafe_offset(i * ins), 1, zero,
+                 y.unsafe_offset(i * outs + o0), 1)
+        else:
+            gemv(Int32(101), op, Int32(m), Int32(n), one, a0, Int32(cols),
+                 x.unsafe_offset(i * ins), Int32(1), zero, y.unsafe_offset(i * outs + o0),
+                 Int32(1))
+
+    var tasks = kernel_cores()
+    if not parallel or tasks < 2:
+        for i in range(batch):
+            block(i, 0, outs)
+        return
+
+    def task(t: Int) {var}:
+        with FlushDenormals():
+            if batch >= tasks:
+                for i in range(t * batch // tasks, (t + 1) * batch // tasks):
+                    block(i, 0, outs)
+            else:
+                var width = ((outs + tasks - 1) // tasks + 15) // 16 * 16
+                var o0 = min(t * width, outs)
+                for i in range(batch):
+                    if o0 < outs:
+                        block(i, o0, min(o0 + width, outs))
+
+    sync_parallelize(task, tasks)
 '''
