@@ -164,3 +164,44 @@ def test_rewrites_reach_inside_loops_branches_and_calls():
         (_transposes(closed.jaxpr), _transposes(rewritten.jaxpr))
     assert_same(juju.jit(rnn_grads, tiered=False)(*RNN_ARGS), jax.jit(rnn_grads)(*RNN_ARGS),
                 rtol=1e-5, atol=1e-5)
+
+
+EXPONENT = jnp.float32(2.0)  # a constant of the jaxpr, as jax-md's potentials hold theirs
+
+
+def constant_powers(x, y):
+    """`x ** 2.0` (jnp writes pow, not integer_pow), its derivative's
+    `x ** (2.0 - 1.0)`, an exponent held as a constant, -1, and powers left
+    as they are: 3.0, an exponent that is an argument."""
+    def potential(r):
+        return jnp.sum((1.0 - r) ** EXPONENT / EXPONENT)
+
+    return (x ** 2.0, x ** -1.0, x ** 1.0, x ** 3.0, x ** (EXPONENT * 0.5),
+            jax.grad(potential)(x), y ** 2.0, (x + 1.0) ** y)
+
+
+POW_ARGS = (np.array([0.0, -0.0, 1.0, -1.0, 2.5, -3.5, np.inf, -np.inf, np.nan, 1e-30, 1e30,
+                      -1e20, 1e-45, 0.75], np.float32), np.float32(2.0))
+# (no 3e38: XLA folds the gradient's 2 * x / 2 where jax's own op-by-op run overflows)
+
+
+def test_constant_powers_are_products_and_match_jax():
+    from juju_ops_lax.rewrites import everywhere, fold_constant_powers
+
+    closed = jax.make_jaxpr(constant_powers)(*POW_ARGS)
+
+    def powers(c):
+        return sum(e.primitive.name == "pow" for e in c.jaxpr.eqns) + sum(
+            powers(v) for e in c.jaxpr.eqns for v in e.params.values()
+            if isinstance(v, jax.extend.core.ClosedJaxpr))
+
+    assert powers(closed) == 9 and powers(everywhere(fold_constant_powers)(closed)) == 2
+    # values, signed zeros, infinities and NaN exactly as jax.jit's (MAX ops here)
+    got = juju.jit(constant_powers, tiered=False)(*POW_ARGS)
+    want = jax.jit(constant_powers)(*POW_ARGS)
+    for g, w in zip(got, want, strict=True):
+        g, w = juju.to_numpy(g), np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g, w)
+        numbers = ~np.isnan(w)  # signed zeros and infinities (a NaN's sign is not kept)
+        np.testing.assert_array_equal(np.signbit(g[numbers]), np.signbit(w[numbers]))

@@ -68,6 +68,22 @@ def python_scalar_dtype(value) -> np.dtype:
     raise TypeError(f"not a Python scalar: {type(value).__name__}")
 
 
+_ARITHMETIC_PARAMS: dict = {}
+
+
+def arithmetic_params(primitive) -> dict:
+    """The params jax gives an equation of `primitive` (mul, div, ...) that
+    a rewrite writes: jax 0.10's mul has `out_dtype`, other releases not."""
+    if primitive not in _ARITHMETIC_PARAMS:
+        from jax import lax
+
+        fns = {"mul": lax.mul, "div": lax.div, "add": lax.add, "sub": lax.sub}
+        one = np.float32(1)
+        jaxpr = jax.make_jaxpr(fns[primitive.name])(one, one).jaxpr
+        _ARITHMETIC_PARAMS[primitive] = dict(jaxpr.eqns[0].params)
+    return dict(_ARITHMETIC_PARAMS[primitive])
+
+
 def canonical_dtype(dtype) -> np.dtype:
     """The dtype jax.jit computes in for an input of `dtype` (x64 aware)."""
     return jax.dtypes.canonicalize_dtype(dtype)
