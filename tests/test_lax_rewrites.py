@@ -205,3 +205,65 @@ def test_constant_powers_are_products_and_match_jax():
         np.testing.assert_array_equal(g, w)
         numbers = ~np.isnan(w)  # signed zeros and infinities (a NaN's sign is not kept)
         np.testing.assert_array_equal(np.signbit(g[numbers]), np.signbit(w[numbers]))
+
+
+def loop_invariants(x, n):
+    """Loop bodies computing from the loops' constants only: an identity
+    mask inside a jitted helper (as jax-md's energy builds one each step),
+    a nested loop's invariant, a while's; a broadcast (left: read in place)
+    and a pure_callback (left: jax.jit calls it each trip)."""
+    @jax.jit
+    def masked(c):
+        eye = jnp.eye(c.shape[0], dtype=c.dtype)
+        return c * (1.0 - eye) + jnp.sin(x) * eye
+
+    def host(v):
+        return np.asarray(v) * 2.0
+
+    a = jax.lax.fori_loop(0, 3, lambda i, c: jnp.tanh(masked(c) + i), x)
+
+    def outer(i, c):
+        return jax.lax.fori_loop(0, 2, lambda j, d: d + jnp.cos(x) * jnp.ones_like(x), c)
+
+    b = jax.lax.fori_loop(0, 2, outer, x)
+
+    def step(s):
+        i, c = s
+        twice = jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+        return i + 1, c * 0.5 + jnp.exp(x) + twice
+
+    return a, b, jax.lax.while_loop(lambda s: s[0] < n, step, (0, x))[1]
+
+
+def _loop_bodies_primitives(jaxpr, inside=False) -> list:
+    """The primitives of equations inside loop bodies, at any depth."""
+    found = []
+    for e in jaxpr.eqns:
+        if inside:
+            found.append(e.primitive.name)
+        loop = e.primitive.name in ("scan", "while")
+        for value in e.params.values():
+            for inner in value if isinstance(value, tuple) else (value,):
+                if isinstance(inner, (jax.extend.core.ClosedJaxpr, jax.extend.core.Jaxpr)):
+                    found += _loop_bodies_primitives(getattr(inner, "jaxpr", inner),
+                                                     inside or loop)
+    return found
+
+
+def test_loop_invariants_are_hoisted_and_match_jax():
+    from juju_ops_lax.rewrites import everywhere, hoist_loop_invariants
+
+    x = rng.normal(size=(5, 5)).astype(np.float32)
+    closed = jax.make_jaxpr(loop_invariants)(x, 3)
+    hoisted = everywhere(hoist_loop_invariants)(closed)
+    before, after = _loop_bodies_primitives(closed.jaxpr), _loop_bodies_primitives(hoisted.jaxpr)
+    # jax >= 0.11 describes a scan's operands by flat trees: its scans stay as they are
+    scans_hoist = "num_consts" in next(e for e in closed.jaxpr.eqns if e.primitive.name == "scan").params
+    moved = ("iota", "sin", "cos", "exp") if scans_hoist else ("exp",)
+    for name in moved:
+        assert before.count(name) >= 1 and name not in after, name
+    assert after.count("pure_callback") == 1 and "broadcast_in_dim" in after
+    assert_same(jax.core.eval_jaxpr(hoisted.jaxpr, hoisted.consts, x, 3),
+                jax.core.eval_jaxpr(closed.jaxpr, closed.consts, x, 3))
+    assert_same(juju.jit(loop_invariants, tiered=False)(x, 3), jax.jit(loop_invariants)(x, 3),
+                rtol=1e-6, atol=1e-6)

@@ -52,4 +52,5 @@ def juju_jaxpr_rewrites():
     return [rewrites.everywhere(r) for r in (rewrites.fold_transposed_dots,
                                              rewrites.fold_transposed_operands,
                                              rewrites.fold_reduced_broadcasts,
-                                             rewrites.fold_constant_powers)]
+                                             rewrites.fold_constant_powers,
+                                             rewrites.hoist_loop_invariants)]

@@ -12,8 +12,10 @@ transpose feeding a matmul costs it nothing.
 rule then sees the operand as it is in memory. On a GPU engine that is what
 keeps `x @ w.T` free of a copy (`juju_ops_lax.dot`'s transposed-B form).
 
-`reduce(broadcast_in_dim(x))` becomes `broadcast_in_dim(reduce(x))`, and
-`pow(x, c)` of a known c in (2, 1, -1) becomes `x * x`, `x` and `1 / x`.
+`reduce(broadcast_in_dim(x))` becomes `broadcast_in_dim(reduce(x))`,
+`pow(x, c)` of a known c in (2, 1, -1) becomes `x * x`, `x` and `1 / x`, and
+equations of a loop body that read only the loop's constants move before
+the loop (`hoist_loop_invariants`).
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from collections import Counter
 
 import numpy as np
 
+from juju import inlining
 from juju import primitives as P
-from juju._compat import ClosedJaxpr, Jaxpr, Literal, Var, arithmetic_params
+from juju._compat import (ClosedJaxpr, Jaxpr, Literal, Var, arithmetic_params, open_jaxpr,
+                          sub_jaxprs_of_params)
 
 
 def everywhere(rewrite):
@@ -278,3 +282,120 @@ def fold_constant_powers(closed: ClosedJaxpr) -> ClosedJaxpr:
         return closed
     outvars = [renamed.get(v, v) if isinstance(v, Var) else v for v in jaxpr.outvars]
     return ClosedJaxpr(jaxpr.replace(eqns=eqns, outvars=outvars), closed.consts)
+
+
+def _with_inputs(jaxpr, invars, eqns):
+    """`jaxpr` with other inputs and equations (its debug names padded)."""
+    info = jaxpr.debug_info
+    names = getattr(info, "arg_names", None)
+    if names is not None and len(names) != len(invars):
+        old = dict(zip(jaxpr.invars, names))
+        info = info._replace(arg_names=tuple(old.get(v, "") for v in invars))
+    return jaxpr.replace(invars=invars, eqns=eqns, debug_info=info)
+
+
+def _calls_back(eqn) -> bool:
+    """Whether `eqn` is or holds a host callback: a pure_callback has no
+    effect, but a user counts its calls (jax.jit makes one per trip)."""
+    if "callback" in eqn.primitive.name:
+        return True
+    return any(_calls_back(e) for sub in sub_jaxprs_of_params(eqn.params)
+               for e in open_jaxpr(sub).eqns)
+
+
+def _invariant_part(body, nconsts: int):
+    """The equations of a loop body (ClosedJaxpr) that read only its first
+    `nconsts` inputs (the loop's constants), literals and each other, pure;
+    the rest; and which of the former's results the rest reads. Broadcasts
+    stay: a fused loop reads them in place, where a hoisted one would be
+    written whole and read each trip (as XLA leaves size-inflating ops)."""
+    invariant = set(body.jaxpr.invars[:nconsts])
+    hoisted, kept = [], []
+    for e in body.jaxpr.eqns:
+        if (not e.effects and not _calls_back(e) and e.primitive is not P.broadcast_in_dim_p
+                and all(isinstance(a, Literal) or a in invariant for a in e.invars)):
+            hoisted.append(e)
+            invariant.update(e.outvars)
+        else:
+            kept.append(e)
+    read = {a for e in kept for a in e.invars if isinstance(a, Var)}
+    read.update(a for a in body.jaxpr.outvars if isinstance(a, Var))
+    made = [v for e in hoisted for v in e.outvars if v in read and v not in
+            body.jaxpr.invars[:nconsts]]
+    return hoisted, kept, made
+
+
+def _inlined_body(body):
+    """A loop body with its calls inlined (jit, custom_jvp/vjp, remat), or
+    None where it has none: what a library's step function computes from
+    the loop's constants is inside its calls (jax-md's energy)."""
+    if not any(e.primitive in inlining.CALLS for e in body.jaxpr.eqns):
+        return None
+    eqns, outvars, consts, _ = inlining.inlined(body.jaxpr)
+    jaxpr = body.jaxpr.replace(constvars=[*body.jaxpr.constvars, *(v for v, _ in consts)],
+                               eqns=eqns, outvars=outvars)
+    return ClosedJaxpr(jaxpr, [*body.consts, *(value for _, value in consts)])
+
+
+def _hoisted(eqn, body, nconsts: int, first_const: int):
+    """(equations before the loop, the loop's new body, its new operands,
+    how many constants were added) or None: `first_const` is where the
+    body's constants start among the loop equation's operands. The body's
+    calls are inlined where that lets more move."""
+    hoisted, kept, made = _invariant_part(body, nconsts)
+    flat = _inlined_body(body)
+    if flat is not None:
+        found = _invariant_part(flat, nconsts)
+        if len(found[0]) > len(hoisted):
+            body, (hoisted, kept, made) = flat, found
+    if not hoisted:
+        return None
+    outer = dict(zip(body.jaxpr.invars[:nconsts],
+                     eqn.invars[first_const:first_const + nconsts]))
+    before = []
+    for e in hoisted:
+        outs = [Var(v.aval) for v in e.outvars]
+        ins = [a if isinstance(a, Literal) else outer[a] for a in e.invars]
+        before.append(e.replace(invars=ins, outvars=outs))
+        outer.update(zip(e.outvars, outs))
+    invars = body.jaxpr.invars
+    jaxpr = _with_inputs(body.jaxpr, [*invars[:nconsts], *made, *invars[nconsts:]], kept)
+    at = first_const + nconsts
+    operands = [*eqn.invars[:at], *(outer[v] for v in made), *eqn.invars[at:]]
+    return before, ClosedJaxpr(jaxpr, body.consts), operands, len(made)
+
+
+def hoist_loop_invariants(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """Equations of a while or scan body that read only the loop's
+    constants (and literals) run once, before the loop, their results
+    passed in as more constants: XLA's while-loop invariant code motion.
+    jax-md's pair potential built a 1024x1024 identity mask (two iotas, an
+    add, a comparison, a convert) in every one of its 100 steps. (A scan
+    of jax >= 0.11 describes its operands by flat trees: left as it is.)"""
+    eqns, changed = [], False
+    for e in closed.jaxpr.eqns:
+        found = None
+        if e.primitive is P.while_p:
+            p = e.params
+            found = _hoisted(e, p["body_jaxpr"], p["body_nconsts"], p["cond_nconsts"])
+            if found:
+                before, body, operands, added = found
+                e = e.replace(invars=operands, params={
+                    **p, "body_jaxpr": body, "body_nconsts": p["body_nconsts"] + added})
+        elif e.primitive is P.scan_p and "num_consts" in e.params:
+            p = e.params
+            found = _hoisted(e, p["jaxpr"], p["num_consts"], 0)
+            if found:
+                before, body, operands, added = found
+                params = {**p, "jaxpr": body, "num_consts": p["num_consts"] + added}
+                if "linear" in p:
+                    params["linear"] = (*p["linear"][:p["num_consts"]], *(False,) * added,
+                                        *p["linear"][p["num_consts"]:])
+                e = e.replace(invars=operands, params=params)
+        if found:
+            eqns += found[0]
+            changed = True
+        eqns.append(e)
+    if not changed:
+        return closed
+    return ClosedJaxpr(closed.jaxpr.replace(eqns=eqns), closed.consts)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from juju import inlining
 from juju import primitives as P
-from juju._compat import ClosedJaxpr, Literal, Var, call_primitives, open_jaxpr, scan_layout
+from juju._compat import call_primitives, open_jaxpr, scan_layout
 from juju.lowering_helpers import platform_branch
 from juju_kernels_mojo.codegen.mojo import Unsupported, index_expr
 from juju_kernels_mojo.codegen.mojo import strides as row_major
@@ -149,43 +150,8 @@ INLINED = {prim for prim, method in EQUATIONS.items() if method is call}
 
 
 def inlined(jaxpr):
-    """(eqns, outvars, consts, origins): `jaxpr` (open) with every call
-    (jit, custom_jvp/vjp, remat, at any depth) replaced by its body's
-    equations, their variables renamed afresh per call (one jitted helper
-    called twice is two copies), as XLA inlines them: fused runs and
-    reductions then span a library's calls (a loss's `log_sigmoid`, a
-    norm). `consts`: (var, value) of the bodies' constants; `origins`:
-    id(equation) -> the outermost call it came from (its user's line)."""
-    eqns, consts, origins, rename = [], [], {}, {}
-
-    def atom(a):
-        return a if isinstance(a, Literal) else rename.get(a, a)
-
-    def walk(body, origin, fresh: bool) -> None:
-        for e in body:
-            callee = e.params.get("jaxpr", e.params.get("call_jaxpr")) \
-                if e.primitive in INLINED else None
-            if callee is None:
-                outvars = e.outvars
-                if fresh:
-                    outvars = [Var(v.aval) for v in e.outvars]
-                    rename.update(zip(e.outvars, outvars))
-                new = e.replace(invars=[atom(a) for a in e.invars], outvars=outvars) \
-                    if fresh or any(atom(a) is not a for a in e.invars) else e
-                eqns.append(new)
-                if origin is not None:
-                    origins[id(new)] = origin
-                continue
-            inner = callee.jaxpr if isinstance(callee, ClosedJaxpr) else callee
-            values = callee.consts if isinstance(callee, ClosedJaxpr) else []
-            for v, value in zip(inner.constvars, values, strict=True):
-                consts.append((Var(v.aval), value))
-                rename[v] = consts[-1][0]
-            for v, a in zip(inner.invars, e.invars, strict=True):
-                rename[v] = atom(a)
-            walk(inner.eqns, origin or e, True)
-            for out, result in zip(e.outvars, inner.outvars, strict=True):
-                rename[out] = atom(result)
-
-    walk(jaxpr.eqns, None, False)
-    return eqns, [atom(a) for a in jaxpr.outvars], consts, origins
+    """`juju.inlining.inlined` of the calls this module writes as their
+    bodies (`INLINED`: jit, custom_jvp/vjp, remat, at any depth), as XLA
+    inlines them: fused runs and reductions then span a library's calls (a
+    loss's `log_sigmoid`, a norm)."""
+    return inlining.inlined(jaxpr, INLINED)
