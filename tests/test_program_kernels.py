@@ -148,6 +148,16 @@ def matrix_vector(a, v, u, stack, rows):
             lax.fori_loop(0, 3, lambda i, w: jnp.tanh(a.T @ (a @ w)), v))
 
 
+def lane_by_lane(x, y, box):
+    """Float rem and pow inside fused vector runs (libm lane by lane):
+    a periodic box's displacement as jax-md writes it, fmod and remainder's
+    signs, a power of varying exponents, special values in both operands."""
+    d = x - y
+    wrapped = jnp.mod(d + box * 0.5, box) - box * 0.5
+    return (wrapped * 2.0 + 1.0, jnp.fmod(x, y) * 3.0, jnp.abs(x) ** (y * 0.5) - 1.0,
+            jnp.sqrt(jnp.abs(x) + 1.0) ** jnp.tanh(y))
+
+
 def vector_extremes(x, y):
     """max/min in SIMD vectors along rows (with a scalar tail) and down
     columns, whole arrays, logsumexp both ways: +0.0 beats -0.0 in max (and
@@ -199,6 +209,9 @@ def _fused_reduction_args():
 CASES = {
     "fused_reductions": (fused_reductions, _fused_reduction_args()),
     "vector_extremes": (vector_extremes, _extremes_args()),
+    "lane_by_lane": (lane_by_lane, (np.resize(SPECIAL, (64, 40)) * np.float32(0.5),
+                                    np.resize(SPECIAL[::-1], (64, 40)) + np.float32(0.25),
+                                    np.float32(7.5))),
     "matrix_vector": (matrix_vector, (rng.standard_normal((320, 256)).astype(np.float32),
                                       rng.standard_normal(256).astype(np.float32),
                                       rng.standard_normal(320).astype(np.float32),
@@ -362,6 +375,15 @@ def test_matrix_vector_products_are_gemv():
     source = _program_source(fn, *args)
     # every product but the 1x1 (256 multiply-adds: a loop, BLAS_MIN_WORK)
     assert source.count("blas_gemv[") - 1 == 10 and source.count("blas_gemm[") == 1  # its def
+
+
+def test_rem_and_pow_stay_in_vector_runs():
+    """A run with rem and pow is one SIMD loop (their libm calls lane by
+    lane), not scalar loops between vector ones."""
+    fn, args = CASES["lane_by_lane"]
+    source = _program_source(fn, *args)
+    assert source.count("lanes_rem[") >= 3 and source.count("lanes_pow[") >= 3
+    assert "= Scalar[DType.float32](float_rem(" not in source
 
 
 def test_reductions_fold_into_their_producers():

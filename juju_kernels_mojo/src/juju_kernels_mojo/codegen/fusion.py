@@ -24,8 +24,13 @@ from juju_kernels_mojo.codegen.mojo import (ELEMENTWISE, LIBM_EXP_F64, VECTOR_BY
 from juju_kernels_mojo.codegen.mojo import strides as row_major
 
 #: Equations fused in SIMD vectors besides VECTOR_ELEMENTWISE: max/min with
-#: XLA's NaN and signed-zero rules (FUSION_PRELUDE), integer powers.
-VECTOR_EXTRA = {P.max_p, P.min_p, P.integer_pow_p}
+#: XLA's NaN and signed-zero rules (FUSION_PRELUDE), integer powers, and
+#: float rem and pow: libm's fmod and pow lane by lane (as XLA calls them),
+#: so that the rest of their run stays in vectors (a periodic box's
+#: displacement split jax-md's pair loop into scalar and vector runs).
+VECTOR_EXTRA = {P.max_p, P.min_p, P.integer_pow_p, P.rem_p, P.pow_p}
+#: Their vector forms: FUSION_PRELUDE's helpers.
+LANE_BY_LANE = {P.rem_p: "lanes_rem", P.pow_p: "lanes_pow"}
 #: Comparisons of floats: bool lanes, as many as the operands' (Mojo's
 #: SIMD methods, ordered: NaN compares unequal to all, and `ne` is `eq`'s
 #: negation since SIMD.ne is false on NaN, where the scalar != is true).
@@ -44,6 +49,22 @@ def max_nan_v[dt: DType, w: Int](a: SIMD[dt, w], b: SIMD[dt, w]) -> SIMD[dt, w]:
 def min_nan_v[dt: DType, w: Int](a: SIMD[dt, w], b: SIMD[dt, w]) -> SIMD[dt, w]:
     var both_zero = a.eq(0) & b.eq(0)
     return isnan(a).select(a, both_zero.select(-((-a) + (-b)), a.lt(b).select(a, b)))
+
+
+@always_inline
+def lanes_rem[dt: DType, w: Int](a: SIMD[dt, w], b: SIMD[dt, w]) -> SIMD[dt, w]:
+    var r = SIMD[dt, w](0)
+    for i in range(w):
+        r[i] = float_rem(a[i], b[i])
+    return r
+
+
+@always_inline
+def lanes_pow[dt: DType, w: Int](a: SIMD[dt, w], b: SIMD[dt, w]) -> SIMD[dt, w]:
+    var r = SIMD[dt, w](0)
+    for i in range(w):
+        r[i] = float_pow(a[i], b[i])
+    return r
 '''
 
 
@@ -447,5 +468,7 @@ def _vector_expression(emitter, eqn, args, dt, width: int) -> str:
     if prim in (P.max_p, P.min_p):
         name = "max_nan_v" if prim is P.max_p else "min_nan_v"
         return f"{name}[{mojo_dtype(dt)}, {width}]({args[0]}, {args[1]})"
+    if prim in LANE_BY_LANE:
+        return f"{LANE_BY_LANE[prim]}[{mojo_dtype(dt)}, {width}]({args[0]}, {args[1]})"
     fn = unary_expression(prim) or binary_expression(prim)
     return fn(dt, *args).replace("keep_nan(", f"keep_nan_v[{mojo_dtype(dt)}, {width}](")
