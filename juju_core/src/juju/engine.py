@@ -143,10 +143,10 @@ _reniced: set[int] = set()  # worker thread ids already given the nice value
 _renice_lock = threading.Lock()
 
 
-def lower_worker_priority() -> bool:
+def lower_worker_priority() -> None:
     """Give MAX's CPU worker threads that exist now the nice value
-    (`JUJU_MAX_WORKER_NICE`); whether any worker exists. The session makes
-    them; a native program's first parallel region does too, without one."""
+    (`JUJU_MAX_WORKER_NICE`). The session makes them; a native program's
+    first parallel region does too, without one."""
     try:
         nice = int(os.environ.get("JUJU_MAX_WORKER_NICE", _WORKER_NICE_DEFAULT))
     except ValueError:
@@ -154,12 +154,11 @@ def lower_worker_priority() -> bool:
     try:  # MAX's thread names are version-specific; serving without jax skips this
         from juju._compat import max_worker_thread_ids
     except ImportError:
-        return False
-    workers = max_worker_thread_ids()
+        return
     if nice <= 0:
-        return bool(workers)
+        return
     with _renice_lock:
-        for tid in workers:
+        for tid in max_worker_thread_ids():
             if tid in _reniced:
                 continue
             try:
@@ -167,7 +166,6 @@ def lower_worker_priority() -> bool:
             except OSError:  # not permitted here: leave MAX as it is
                 pass
             _reniced.add(tid)
-    return bool(workers)
 
 
 def _device(kind: str, index: int):

@@ -27,8 +27,8 @@ import numpy as np
 
 from juju import inlining
 from juju import primitives as P
-from juju._compat import (ClosedJaxpr, Jaxpr, Literal, Var, arithmetic_params, open_jaxpr,
-                          sub_jaxprs_of_params)
+from juju._compat import ClosedJaxpr, Jaxpr, Literal, Var, arithmetic_params
+from juju.callback_lifting import eqn_has_callbacks
 
 
 def everywhere(rewrite):
@@ -294,25 +294,17 @@ def _with_inputs(jaxpr, invars, eqns):
     return jaxpr.replace(invars=invars, eqns=eqns, debug_info=info)
 
 
-def _calls_back(eqn) -> bool:
-    """Whether `eqn` is or holds a host callback: a pure_callback has no
-    effect, but a user counts its calls (jax.jit makes one per trip)."""
-    if "callback" in eqn.primitive.name:
-        return True
-    return any(_calls_back(e) for sub in sub_jaxprs_of_params(eqn.params)
-               for e in open_jaxpr(sub).eqns)
-
-
 def _invariant_part(body, nconsts: int):
     """The equations of a loop body (ClosedJaxpr) that read only its first
     `nconsts` inputs (the loop's constants), literals and each other, pure;
-    the rest; and which of the former's results the rest reads. Broadcasts
+    the rest; and which of the former's results the rest reads. Callbacks
+    stay (a user counts a pure_callback's calls: jax.jit makes one a trip). Broadcasts
     stay: a fused loop reads them in place, where a hoisted one would be
     written whole and read each trip (as XLA leaves size-inflating ops)."""
     invariant = set(body.jaxpr.invars[:nconsts])
     hoisted, kept = [], []
     for e in body.jaxpr.eqns:
-        if (not e.effects and not _calls_back(e) and e.primitive is not P.broadcast_in_dim_p
+        if (not e.effects and not eqn_has_callbacks(e) and e.primitive is not P.broadcast_in_dim_p
                 and all(isinstance(a, Literal) or a in invariant for a in e.invars)):
             hoisted.append(e)
             invariant.update(e.outvars)

@@ -30,7 +30,7 @@ from juju_kernels_mojo.codegen.mojo import strides as row_major
 #: displacement split jax-md's pair loop into scalar and vector runs).
 VECTOR_EXTRA = {P.max_p, P.min_p, P.integer_pow_p, P.rem_p, P.pow_p}
 #: Their vector forms: FUSION_PRELUDE's helpers.
-LANE_BY_LANE = {P.rem_p: "lanes_rem", P.pow_p: "lanes_pow"}
+LANE_BY_LANE = {P.rem_p: "True", P.pow_p: "False"}  # lanes_libm's `rem`
 #: Comparisons of floats: bool lanes, as many as the operands' (Mojo's
 #: SIMD methods, ordered: NaN compares unequal to all, and `ne` is `eq`'s
 #: negation since SIMD.ne is false on NaN, where the scalar != is true).
@@ -52,18 +52,14 @@ def min_nan_v[dt: DType, w: Int](a: SIMD[dt, w], b: SIMD[dt, w]) -> SIMD[dt, w]:
 
 
 @always_inline
-def lanes_rem[dt: DType, w: Int](a: SIMD[dt, w], b: SIMD[dt, w]) -> SIMD[dt, w]:
+def lanes_libm[dt: DType, w: Int, rem: Bool](a: SIMD[dt, w], b: SIMD[dt, w]) -> SIMD[dt, w]:
+    # libm's fmod (rem) or pow, lane by lane
     var r = SIMD[dt, w](0)
     for i in range(w):
-        r[i] = float_rem(a[i], b[i])
-    return r
-
-
-@always_inline
-def lanes_pow[dt: DType, w: Int](a: SIMD[dt, w], b: SIMD[dt, w]) -> SIMD[dt, w]:
-    var r = SIMD[dt, w](0)
-    for i in range(w):
-        r[i] = float_pow(a[i], b[i])
+        comptime if rem:
+            r[i] = float_rem(a[i], b[i])
+        else:
+            r[i] = float_pow(a[i], b[i])
     return r
 '''
 
@@ -469,6 +465,6 @@ def _vector_expression(emitter, eqn, args, dt, width: int) -> str:
         name = "max_nan_v" if prim is P.max_p else "min_nan_v"
         return f"{name}[{mojo_dtype(dt)}, {width}]({args[0]}, {args[1]})"
     if prim in LANE_BY_LANE:
-        return f"{LANE_BY_LANE[prim]}[{mojo_dtype(dt)}, {width}]({args[0]}, {args[1]})"
+        return f"lanes_libm[{mojo_dtype(dt)}, {width}, {LANE_BY_LANE[prim]}]({args[0]}, {args[1]})"
     fn = unary_expression(prim) or binary_expression(prim)
     return fn(dt, *args).replace("keep_nan(", f"keep_nan_v[{mojo_dtype(dt)}, {width}](")
