@@ -267,3 +267,45 @@ def test_loop_invariants_are_hoisted_and_match_jax():
                 jax.core.eval_jaxpr(closed.jaxpr, closed.consts, x, 3))
     assert_same(juju.jit(loop_invariants, tiered=False)(x, 3), jax.jit(loop_invariants)(x, 3),
                 rtol=1e-6, atol=1e-6)
+
+
+def batched_branches(flags, board, score):
+    """A `lax.cond` under `vmap` (pgx's batched step): select_n of both
+    branches' results, where a branch passes a value through; once at the
+    top, once inside a scan's body."""
+    def step(flag, b, s):
+        return jax.lax.cond(flag, lambda b, s: (b, s + 1.0), lambda b, s: (b, s * 2.0), b, s)
+
+    top = jax.vmap(step)(flags, board, score)
+
+    def body(carry, _):
+        b, s = jax.vmap(step)(flags, *carry)
+        return (b + 1, s), s.sum()
+
+    return top, jax.lax.scan(body, (board, score), None, length=3)
+
+
+def test_selects_of_one_value_are_folded_and_match_jax():
+    from juju_ops_lax.rewrites import everywhere, fold_trivial_selects
+
+    flags = np.array([True, False, True, False])
+    board = rng.integers(-5, 5, size=(4, 6)).astype(np.int32)
+    score = np.array([1.0, np.nan, -0.0, np.inf], np.float32)
+    closed = jax.make_jaxpr(batched_branches)(flags, board, score)
+
+    def selects(jaxpr) -> int:
+        inner = [v.jaxpr for e in jaxpr.eqns for v in e.params.values()
+                 if isinstance(v, jax.extend.core.ClosedJaxpr)]
+        return sum(e.primitive.name == "select_n" for e in jaxpr.eqns) + sum(map(selects, inner))
+
+    folded = everywhere(fold_trivial_selects)(closed)
+    assert selects(closed.jaxpr) == 10 and selects(folded.jaxpr) == 2  # the scores' stay
+    args = (flags, board, score)
+    assert_same(jax.core.eval_jaxpr(folded.jaxpr, folded.consts, *args),
+                jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *args))
+    got = juju.jit(batched_branches, tiered=False)(*args)
+    want = jax.jit(batched_branches)(*args)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        g, w = juju.to_numpy(g), np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g, w)

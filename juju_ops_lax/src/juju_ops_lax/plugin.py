@@ -53,4 +53,5 @@ def juju_jaxpr_rewrites():
                                              rewrites.fold_transposed_operands,
                                              rewrites.fold_reduced_broadcasts,
                                              rewrites.fold_constant_powers,
+                                             rewrites.fold_trivial_selects,
                                              rewrites.hoist_loop_invariants)]

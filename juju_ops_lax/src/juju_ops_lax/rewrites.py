@@ -13,7 +13,8 @@ rule then sees the operand as it is in memory. On a GPU engine that is what
 keeps `x @ w.T` free of a copy (`juju_ops_lax.dot`'s transposed-B form).
 
 `reduce(broadcast_in_dim(x))` becomes `broadcast_in_dim(reduce(x))`,
-`pow(x, c)` of a known c in (2, 1, -1) becomes `x * x`, `x` and `1 / x`, and
+`pow(x, c)` of a known c in (2, 1, -1) becomes `x * x`, `x` and `1 / x`,
+`select_n(p, x, x)` becomes `x`, and
 equations of a loop body that read only the loop's constants move before
 the loop (`hoist_loop_invariants`).
 """
@@ -249,39 +250,69 @@ def _known_scalars(closed: ClosedJaxpr) -> dict:
     return known
 
 
+def _simplified(closed: ClosedJaxpr, simplify) -> ClosedJaxpr:
+    """`closed` with each equation replaced by `simplify(eqn)`: an equation,
+    or a variable or literal its result is renamed to (the equation
+    dropped); `closed` itself where nothing changed."""
+    jaxpr = closed.jaxpr
+    renamed, eqns = {}, []
+    for e in jaxpr.eqns:
+        if renamed:
+            e = e.replace(invars=[renamed.get(v, v) if isinstance(v, Var) else v
+                                  for v in e.invars])
+        result = simplify(e)
+        if isinstance(result, (Var, Literal)):
+            renamed[e.outvars[0]] = result
+            continue
+        eqns.append(result)
+    if len(eqns) == len(jaxpr.eqns) and all(a is b for a, b in zip(eqns, jaxpr.eqns)):
+        return closed
+    outvars = [renamed.get(v, v) if isinstance(v, Var) else v for v in jaxpr.outvars]
+    return ClosedJaxpr(jaxpr.replace(eqns=eqns, outvars=outvars), closed.consts)
+
+
 def fold_constant_powers(closed: ClosedJaxpr) -> ClosedJaxpr:
     """`pow(x, 2.0)` (jnp's `x ** 2.0`) becomes `x * x`, `pow(x, 1.0)` `x`
     and `pow(x, -1.0)` `1 / x`, as XLA's algebraic simplifier does: the
     same values (C's pow rounds those exactly), where a generated kernel
     called libm's scalar powf per element (a jax-md pair potential and its
     derivative: 14% of a step)."""
-    jaxpr = closed.jaxpr
-    known = None
-    renamed, eqns = {}, []
-    for e in jaxpr.eqns:
-        if renamed:
-            e = e.replace(invars=[renamed.get(v, v) if isinstance(v, Var) else v
-                                  for v in e.invars])
-        if e.primitive is P.pow_p and np.dtype(e.outvars[0].aval.dtype).kind == "f":
-            known = _known_scalars(closed) if known is None else known
-            y, x = _scalar(known, e.invars[1]), e.invars[0]
-            same_shape = x.aval.shape == e.outvars[0].aval.shape
-            if y is not None and same_shape and float(y) in (2.0, 1.0, -1.0):
-                if float(y) == 1.0:
-                    renamed[e.outvars[0]] = x
-                    continue
-                if float(y) == 2.0:
-                    e = e.replace(primitive=P.mul_p, invars=[x, x], params=arithmetic_params(P.mul_p))
-                else:
-                    one = Literal(np.array(1, x.aval.dtype), x.aval.update(shape=()))
-                    e = e.replace(primitive=P.div_p, invars=[one, x],
-                                  params=arithmetic_params(P.div_p))
-        eqns.append(e)
-    if known is None or (len(eqns) == len(jaxpr.eqns) and
-                         all(a is b for a, b in zip(eqns, jaxpr.eqns))):
+    if not any(e.primitive is P.pow_p for e in closed.jaxpr.eqns):
         return closed
-    outvars = [renamed.get(v, v) if isinstance(v, Var) else v for v in jaxpr.outvars]
-    return ClosedJaxpr(jaxpr.replace(eqns=eqns, outvars=outvars), closed.consts)
+    known = _known_scalars(closed)
+
+    def simplify(e):
+        if e.primitive is not P.pow_p or np.dtype(e.outvars[0].aval.dtype).kind != "f":
+            return e
+        y, x = _scalar(known, e.invars[1]), e.invars[0]
+        if y is None or x.aval.shape != e.outvars[0].aval.shape or float(y) not in (2.0, 1.0, -1.0):
+            return e
+        if float(y) == 1.0:
+            return x
+        if float(y) == 2.0:
+            return e.replace(primitive=P.mul_p, invars=[x, x], params=arithmetic_params(P.mul_p))
+        one = Literal(np.array(1, x.aval.dtype), x.aval.update(shape=()))
+        return e.replace(primitive=P.div_p, invars=[one, x], params=arithmetic_params(P.div_p))
+
+    return _simplified(closed, simplify)
+
+
+def fold_trivial_selects(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """`select_n(p, x, x, ...)`, every case the same value, becomes `x`, as
+    XLA's simplifier folds it; `stop_gradient(x)` is `x` here (the program
+    is past differentiation). `vmap` of a `lax.cond` guards each branch's
+    operands by `select_n(p, stop_gradient(x), x)`: pgx's batched step
+    wrote a 1024x276 select, and the broadcast of its predicate, per ply."""
+    def simplify(e):
+        if e.primitive is P.stop_gradient_p:
+            return e.invars[0]
+        if e.primitive is not P.select_n_p:
+            return e
+        first = e.invars[1]
+        same = isinstance(first, Var) and all(c is first for c in e.invars[2:])
+        return first if same and first.aval.shape == e.outvars[0].aval.shape else e
+
+    return _simplified(closed, simplify)
 
 
 def _with_inputs(jaxpr, invars, eqns):
