@@ -158,6 +158,33 @@ def lane_by_lane(x, y, box):
             jnp.sqrt(jnp.abs(x) + 1.0) ** jnp.tanh(y))
 
 
+def integer_lanes(i, u, amounts, x, flags):
+    """int32, uint32 and bool lanes in SIMD runs beside float32 ones:
+    wrapping arithmetic, comparisons and selects, max/min, shifts of
+    unsigned words by every amount, casts (float to int saturating, NaN to
+    0; int to float; bool both ways), bitcasts, a uniform draw's bits."""
+    f32 = jnp.float32
+    uniform = lax.bitcast_convert_type((u >> 9) | jnp.uint32(0x3F800000), f32) - 1.0
+    return (i * 65537 + (i - 3) * i, jnp.where(i < 0, i + 42, i), jnp.maximum(i, -i),
+            jnp.minimum(i, 7), jnp.abs(i), i ** 3, (u << amounts) ^ (u >> amounts),
+            uniform * 2.0 + x, x.astype(jnp.int32), x.astype(jnp.uint32),
+            i.astype(f32) * 0.5 + x, (x > 0).astype(f32), x.astype(bool),
+            flags.astype(jnp.int32) + i, lax.bitcast_convert_type(x, jnp.int32) ^ i,
+            jnp.where(u > amounts, u - amounts, amounts - u), (i > 0) & flags)
+
+
+def _integer_lanes_args():
+    shape = (37, 29)  # a scalar tail after the SIMD body
+    i = rng.integers(-2**31, 2**31, size=shape, dtype=np.int64).astype(np.int32)
+    i.flat[:6] = [-2**31, 2**31 - 1, 0, -1, 1, -42]
+    u = rng.integers(0, 2**32, size=shape, dtype=np.uint64).astype(np.uint32)
+    amounts = rng.integers(0, 40, size=shape).astype(np.uint32)
+    x = np.resize(np.concatenate([SPECIAL, np.array([3e9, -3e9, 2.5, -2.5, 4294967040.0,
+                                                     -2147483648.0], np.float32)]),
+                  shape).astype(np.float32)
+    return i, u, amounts, x, rng.random(shape) > 0.5
+
+
 def vector_extremes(x, y):
     """max/min in SIMD vectors along rows (with a scalar tail) and down
     columns, whole arrays, logsumexp both ways: +0.0 beats -0.0 in max (and
@@ -212,6 +239,7 @@ CASES = {
     "lane_by_lane": (lane_by_lane, (np.resize(SPECIAL, (64, 40)) * np.float32(0.5),
                                     np.resize(SPECIAL[::-1], (64, 40)) + np.float32(0.25),
                                     np.float32(7.5))),
+    "integer_lanes": (integer_lanes, _integer_lanes_args()),
     "matrix_vector": (matrix_vector, (rng.standard_normal((320, 256)).astype(np.float32),
                                       rng.standard_normal(256).astype(np.float32),
                                       rng.standard_normal(320).astype(np.float32),
@@ -384,6 +412,18 @@ def test_rem_and_pow_stay_in_vector_runs():
     source = _program_source(fn, *args)
     assert source.count(", True](") >= 2 and source.count(", False](") >= 2  # lanes_libm: rem, pow
     assert "= Scalar[DType.float32](float_rem(" not in source
+
+
+def test_integer_lanes_join_vector_runs():
+    """int32, uint32 and bool equations, conversions and bitcasts are SIMD
+    lanes of the run they are in (a uniform draw's bits and its float are
+    one loop), not scalar loops between vector ones."""
+    fn, args = CASES["integer_lanes"]
+    source = _program_source(fn, *args)
+    assert "shift_v[DType.uint32, 8, False]" in source and "bitcast[DType.float32, 8]" in source
+    assert "float_to_int_v[DType.float32, DType.int32, 8]" in source
+    # every output of one shape: one run, SIMD and its scalar tail (37 * 29 = 1073)
+    assert source.count("range(1072 + 0,") == 1
 
 
 def test_reductions_fold_into_their_producers():

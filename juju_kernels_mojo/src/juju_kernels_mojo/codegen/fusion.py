@@ -52,6 +52,32 @@ def min_nan_v[dt: DType, w: Int](a: SIMD[dt, w], b: SIMD[dt, w]) -> SIMD[dt, w]:
 
 
 @always_inline
+def float_to_int_v[src: DType, dst: DType, w: Int](x: SIMD[src, w]) -> SIMD[dst, w]:
+    # XLA's conversion: NaN -> 0, out-of-range values saturate (what is
+    # cast is in range: an out-of-range cast is undefined in LLVM).
+    var lo = SIMD[src, w](min_finite[dst]().cast[src]())
+    var hi = SIMD[src, w](max_finite[dst]().cast[src]())
+    var high = x.ge(hi)
+    var low = x.le(lo)
+    var safe = (high | low | isnan(x)).select(SIMD[src, w](0), x)
+    var r = safe.cast[dst]()
+    r = low.select(SIMD[dst, w](min_finite[dst]()), r)
+    return high.select(SIMD[dst, w](max_finite[dst]()), r)
+
+
+@always_inline
+def shift_v[dt: DType, w: Int, left: Bool](a: SIMD[dt, w], b: SIMD[dt, w]) -> SIMD[dt, w]:
+    # XLA's shifts of unsigned words: an amount of the bit width or more gives 0.
+    comptime top = bit_width_of[dt]() - 1
+    var out_of_range = b.gt(SIMD[dt, w](top))
+    var amount = out_of_range.select(SIMD[dt, w](0), b)
+    comptime if left:
+        return out_of_range.select(SIMD[dt, w](0), a << amount)
+    else:
+        return out_of_range.select(SIMD[dt, w](0), a >> amount)
+
+
+@always_inline
 def lanes_libm[dt: DType, w: Int, rem: Bool](a: SIMD[dt, w], b: SIMD[dt, w]) -> SIMD[dt, w]:
     # libm's fmod (rem) or pow, lane by lane
     var r = SIMD[dt, w](0)
@@ -63,6 +89,17 @@ def lanes_libm[dt: DType, w: Int, rem: Bool](a: SIMD[dt, w], b: SIMD[dt, w]) -> 
     return r
 '''
 
+
+#: Integer lanes (int32 beside float32: a uniform draw's bits, a board
+#: game's indices): what has a SIMD form there, the scalar one's
+#: (wrapping arithmetic, comparisons, selects) or a helper above (shifts of
+#: unsigned words). Integer division and remainder stay scalar.
+VECTOR_INTEGER = {P.add_p, P.sub_p, P.mul_p, P.neg_p, P.abs_p, P.square_p, P.add_jaxvals_p,
+                  P.max_p, P.min_p, P.integer_pow_p, P.select_n_p, *VECTOR_COMPARISONS,
+                  P.shift_left_p, P.shift_right_logical_p}
+#: Conversions with a SIMD form: between dtypes of one width (lanes of the
+#: same count), and from or to bool (a mask of the run's lanes).
+VECTOR_CASTS = {P.convert_element_type_p, P.bitcast_convert_type_p}
 
 #: Lanes that take the width of the run they join (bool masks, bitwise
 #: logic): they join any run of their shape.
@@ -96,8 +133,7 @@ def fusible(eqn, read) -> tuple | None:
         expanded = operand_shape(eqn, x, shape)
         if expanded is None or any(b not in (1, s) for b, s in zip(expanded, shape)):
             return None
-    dt = _vector_dtype(eqn)  # by name: numpy's dtype('float64') == None is True
-    return shape, dt if dt is None or dt is ANY_LANES else dt.name
+    return shape, _lanes_key(_vector_dtype(eqn))
 
 
 def operand_shape(eqn, x, shape) -> tuple | None:
@@ -114,8 +150,9 @@ def operand_shape(eqn, x, shape) -> tuple | None:
 
 
 def _vector_dtype(eqn):
-    """The float dtype of an equation with a SIMD form (its lanes: a
-    comparison's operands', a select's cases'), ANY_LANES, or None."""
+    """The dtype an equation with a SIMD form computes in (its lanes: a
+    comparison's operands', a select's cases', a conversion's wider side),
+    ANY_LANES, or None."""
     prim, ins = eqn.primitive, eqn.invars
     dtypes = {np.dtype(v.aval.dtype) for v in (*ins, *eqn.outvars)}
     if prim is P.broadcast_in_dim_p or (prim in VECTOR_LOGIC or prim is P.not_p):
@@ -123,11 +160,13 @@ def _vector_dtype(eqn):
         if dt.kind in "biu" or prim is not P.broadcast_in_dim_p:
             return ANY_LANES if dt.kind in "biu" else None
         lanes = ins
+    elif prim in VECTOR_CASTS:
+        return _cast_lanes(eqn)
     elif prim in VECTOR_COMPARISONS or prim is P.is_finite_p:
         lanes = ins
     elif prim is P.select_n_p and len(ins) == 3 and np.dtype(ins[0].aval.dtype) == np.bool_:
         lanes = (*ins[1:], *eqn.outvars)  # a bool predicate, two cases
-    elif prim in VECTOR_ELEMENTWISE or prim in VECTOR_EXTRA:
+    elif prim in VECTOR_ELEMENTWISE or prim in VECTOR_EXTRA or prim in VECTOR_INTEGER:
         lanes = (*ins, *eqn.outvars)
     else:
         return None
@@ -135,9 +174,32 @@ def _vector_dtype(eqn):
     if len(dtypes) != 1:
         return None
     (dt,) = dtypes
+    if dt.kind in "iu" and dt != np.bool_:
+        shifts = (P.shift_left_p, P.shift_right_logical_p)
+        return dt if prim in VECTOR_INTEGER and (prim not in shifts or dt.kind == "u") else None
     if dt.kind != "f" or (dt == np.float64 and eqn.primitive in LIBM_EXP_F64):
         return None
     return dt
+
+
+def _cast_lanes(eqn):
+    """A conversion's lanes: its wider side's dtype, where the other has
+    the same width or is bool (bitcasts: the same width, no bools)."""
+    src, dst = np.dtype(eqn.invars[0].aval.dtype), np.dtype(eqn.outvars[0].aval.dtype)
+    if eqn.primitive is P.bitcast_convert_type_p:
+        ok = src.itemsize == dst.itemsize and np.bool_ not in (src, dst)
+        return dst if ok else None
+    if src == np.bool_ and dst == np.bool_:
+        return ANY_LANES
+    if np.bool_ in (src, dst):
+        return dst if src == np.bool_ else src
+    return dst if src.itemsize == dst.itemsize else None
+
+
+def _lanes_key(dt):
+    """How a run is keyed by its lanes: by their width, so that int32 and
+    float32 equations (8 lanes each) share one loop."""
+    return dt if dt is None or dt is ANY_LANES else f"{dt.itemsize * 8}-bit"
 
 
 #: Equations looked past for the next member of a run (`plan`).
@@ -446,7 +508,12 @@ def chain(emitter, run, read, results, locate, k: str, width: int, dt) -> dict:
 
 
 def _vector_expression(emitter, eqn, args, dt, width: int) -> str:
+    """The SIMD expression of `eqn` (a member of a run of `width` lanes)."""
     prim = eqn.primitive
+    own = _vector_dtype(eqn)
+    dt = dt if own is ANY_LANES or own is None else own  # int32 lanes in a float32 run
+    if prim in VECTOR_CASTS:
+        return _vector_cast(eqn, args[0], width)
     if prim is P.integer_pow_p:
         if eqn.params["y"] == 0:
             return f"SIMD[{mojo_dtype(dt)}, {width}](1)"
@@ -462,9 +529,26 @@ def _vector_expression(emitter, eqn, args, dt, width: int) -> str:
     if prim is P.select_n_p:  # select_n(predicate, on_false, on_true)
         return f"{args[0]}.select({args[2]}, {args[1]})"
     if prim in (P.max_p, P.min_p):
+        if dt.kind != "f":
+            order = "gt" if prim is P.max_p else "lt"
+            return f"{args[0]}.{order}({args[1]}).select({args[0]}, {args[1]})"
         name = "max_nan_v" if prim is P.max_p else "min_nan_v"
         return f"{name}[{mojo_dtype(dt)}, {width}]({args[0]}, {args[1]})"
+    if prim in (P.shift_left_p, P.shift_right_logical_p):
+        left = "True" if prim is P.shift_left_p else "False"
+        return f"shift_v[{mojo_dtype(dt)}, {width}, {left}]({args[0]}, {args[1]})"
     if prim in LANE_BY_LANE:
         return f"lanes_libm[{mojo_dtype(dt)}, {width}, {LANE_BY_LANE[prim]}]({args[0]}, {args[1]})"
     fn = unary_expression(prim) or binary_expression(prim)
     return fn(dt, *args).replace("keep_nan(", f"keep_nan_v[{mojo_dtype(dt)}, {width}](")
+
+
+def _vector_cast(eqn, x: str, width: int) -> str:
+    src, dst = np.dtype(eqn.invars[0].aval.dtype), np.dtype(eqn.outvars[0].aval.dtype)
+    if eqn.primitive is P.bitcast_convert_type_p:
+        return f"bitcast[{mojo_dtype(dst)}, {width}]({x})"
+    if dst == np.bool_:
+        return x if src == np.bool_ else f"~{x}.eq(0)"  # NaN is not 0: True, as x != 0
+    if src.kind == "f" and dst.kind in "iu":
+        return f"float_to_int_v[{mojo_dtype(src)}, {mojo_dtype(dst)}, {width}]({x})"
+    return f"{x}.cast[{mojo_dtype(dst)}]()"

@@ -86,8 +86,9 @@ def fold(emitter, run, read, results, folds, width: int, dt) -> dict:
     shape = tuple(run[0].outvars[0].aval.shape)
     kind, dims, patterns, kept = layout(run, read, shape, tuple(sorted(folds[0].params["axes"])))
     outs = {f: emitter.value(f.outvars[0].aval.shape, f.outvars[0].aval.dtype) for f in folds}
-    vector = dt is not None and all(
-        f.primitive in VECTOR_FOLDS and np.dtype(f.invars[0].aval.dtype) == dt for f in folds)
+    vector = dt is not None and all(  # float folds, of the run's lane width
+        f.primitive in VECTOR_FOLDS and np.dtype(f.invars[0].aval.dtype).kind == "f"
+        and np.dtype(f.invars[0].aval.dtype).itemsize == dt.itemsize for f in folds)
     accumulators = _Accumulators(emitter, folds, outs, width if vector else 1)
     write = _fold_rows if kind == "rows" else _fold_columns
     write(emitter, run, read, results, accumulators, dims, patterns, kept,
