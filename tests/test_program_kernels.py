@@ -516,3 +516,48 @@ def test_factorizations_call_lapack():
     got, want = juju.jit(program)(*args), jax.jit(program)(*args)
     assert np.isnan(np.asarray(want[1])).any()
     assert_same(got, want, rtol=2e-4, atol=2e-4)
+
+
+def _signs_fixed(vectors):
+    """Each column scaled by the sign of its largest-magnitude entry (an
+    eigen- or singular vector is defined up to sign)."""
+    v = np.asarray(juju.to_numpy(vectors) if not isinstance(vectors, np.ndarray) else vectors)
+    top = np.take_along_axis(v, np.abs(v).argmax(axis=-2)[..., None, :], axis=-2)
+    return v * np.where(top < 0, -1, 1).astype(v.dtype)
+
+
+def test_spectral_decompositions_call_lapack():
+    """eigh and svd in a program kernel are LAPACK's ?syevd and ?gesdd, as
+    XLA's CPU calls them (juju_ops_lax's Jacobi rounds of matmuls made a
+    256x256 eigh and svd 676x jax.jit): either triangle, batches, full and
+    reduced vectors, values only, wide and tall; values against jax.jit's,
+    vectors up to their signs."""
+    from juju_kernels_mojo import blas
+
+    if blas.find() is None or not blas.find().syevd or not blas.find().gesdd:
+        pytest.skip("no ?syevd/?gesdd in numpy's OpenBLAS")
+
+    def program(a, stack, wide):
+        sym = a + a.T
+        return (*lax.linalg.eigh(sym), *lax.linalg.eigh(a, lower=False),
+                *jnp.linalg.eigh(stack @ jnp.swapaxes(stack, -1, -2)),
+                *jnp.linalg.svd(wide), *jnp.linalg.svd(wide.T, full_matrices=False),
+                jnp.linalg.svd(stack, compute_uv=False), *jnp.linalg.svd(stack))
+
+    args = (rng.standard_normal((128, 128)).astype(np.float32),
+            rng.standard_normal((3, 40, 40)).astype(np.float32),
+            rng.standard_normal((60, 100)).astype(np.float32))
+    source = _program_source(program, *args)
+    calls = lambda name: source.count(f"{name}[") - 1  # less the definition
+    assert calls("lapack_syevd") == 3 and calls("lapack_gesdd") == 4
+    got, want = juju.jit(program)(*args), jax.jit(program)(*args)
+    # lax's eigh: (v, w); jnp's: (w, v); svd: (u, s, vt), vt's rows the vectors
+    vectors, rows = {0, 2, 5, 6, 9, 13}, {8, 11, 15}
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        g, w = np.asarray(juju.to_numpy(g)), np.asarray(w)
+        assert g.shape == w.shape and g.dtype == w.dtype, i
+        if i in rows:
+            g, w = np.swapaxes(g, -1, -2), np.swapaxes(w, -1, -2)
+        if i in vectors | rows:
+            g, w = _signs_fixed(g), _signs_fixed(w)
+        np.testing.assert_allclose(g, w, rtol=2e-3, atol=2e-3, err_msg=f"output {i}")

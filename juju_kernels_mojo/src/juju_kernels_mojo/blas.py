@@ -38,6 +38,8 @@ class BlasLibrary:
     geqrf: dict = field(default_factory=dict)
     orgqr: dict = field(default_factory=dict)
     gemv: dict = field(default_factory=dict)  # matrix-vector products
+    syevd: dict = field(default_factory=dict)  # eigh
+    gesdd: dict = field(default_factory=dict)  # svd
 
 
 # (package whose wheel ships the library, file pattern, symbol prefix and
@@ -93,7 +95,9 @@ def _find() -> BlasLibrary | None:
                                     _present(handle, f"scipy_LAPACKE_{{}}potrf{suffix}"),
                                     *(_present(handle, f"scipy_LAPACKE_{{}}{name}{suffix}")
                                       for name in ("getrf", "geqrf", "orgqr")),
-                                    _present(handle, f"{prefix}{{}}gemv{suffix}"))
+                                    _present(handle, f"{prefix}{{}}gemv{suffix}"),
+                                    *(_present(handle, f"scipy_LAPACKE_{{}}{name}{suffix}")
+                                      for name in ("syevd", "gesdd")))
                 for symbol in (found.sgemm, found.dgemm):
                     getattr(handle, symbol)
                 getattr(handle, set_threads)(1)

@@ -1,9 +1,11 @@
-"""Cholesky, LU and QR factorizations and triangular solves in generated
-kernels: LAPACK's ?potrf, ?getrf, ?geqrf and ?orgqr and the BLAS's ?trsm (the private copy
+"""Cholesky, LU and QR factorizations, symmetric eigendecompositions, SVDs
+and triangular solves in generated kernels: LAPACK's ?potrf, ?getrf,
+?geqrf, ?orgqr, ?syevd and ?gesdd and the BLAS's ?trsm (the private copy
 of numpy's OpenBLAS, `juju_kernels_mojo.blas`), as XLA's CPU calls LAPACK. Written as
 juju_ops_lax's decompositions (a loop over columns or rows, scalar work
 O(n^3)), a Gaussian process's 2048x2048 factor and solves ran at 190x
-jax.jit. Small matrices, complex numbers or a library without the symbols
+jax.jit; Jacobi rounds of 256x256 matmuls made eigh and svd of 256x256
+676x. Small matrices, complex numbers or a library without the symbols
 keep the decompositions.
 """
 
@@ -110,6 +112,66 @@ def lapack_orgqr[dt: DType, library: StaticString, symbol: StaticString, ilp64: 
             var orgqr = lib.get_function[Int32](symbol)
             _ = orgqr(Int32(101), Int32(m), Int32(n), Int32(k), a.unsafe_offset(i * m * n),
                       Int32(n), taus.unsafe_offset(i * k))
+
+
+def lapack_syevd[dt: DType, library: StaticString, symbol: StaticString, ilp64: Bool](
+    batch: Int, n: Int, lower: Bool, v: UnsafePointer[Scalar[dt], MutAnyOrigin],
+    w: UnsafePointer[Scalar[dt], MutAnyOrigin]) raises:
+    """v[i] = the eigenvectors (columns, row-major) of the symmetric v[i],
+    its lower (else upper) triangle read, w[i] its eigenvalues ascending,
+    for i < batch; NaN where LAPACK fails (XLA's results on the CPU)."""
+    var lib = OwnedDLHandle(library, RTLD.NOW | RTLD.LOCAL)
+    var uplo = Int8(76) if lower else Int8(85)
+    for i in range(batch):
+        var vi = v.unsafe_offset(i * n * n)
+        var wi = w.unsafe_offset(i * n)
+        var info: Int
+        comptime if ilp64:
+            var syevd = lib.get_function[Int64](symbol)
+            info = Int(syevd(Int32(101), Int8(86), uplo, Int64(n), vi, Int64(n), wi))
+        else:
+            var syevd = lib.get_function[Int32](symbol)
+            info = Int(syevd(Int32(101), Int8(86), uplo, Int32(n), vi, Int32(n), wi))
+        if info != 0:
+            for k in range(n * n):
+                vi[k] = nan[dt]()
+            for k in range(n):
+                wi[k] = nan[dt]()
+
+
+def lapack_gesdd[dt: DType, library: StaticString, symbol: StaticString, ilp64: Bool](
+    batch: Int, m: Int, n: Int, job: Int, a: UnsafePointer[Scalar[dt], MutAnyOrigin],
+    s: UnsafePointer[Scalar[dt], MutAnyOrigin], u: UnsafePointer[Scalar[dt], MutAnyOrigin],
+    vt: UnsafePointer[Scalar[dt], MutAnyOrigin]) raises:
+    """The singular values s[i] (descending) of a[i] (m x n, row-major,
+    overwritten) for i < batch, and where `job` is 65 ('A') or 83 ('S') its
+    vectors u[i] (m x m or m x k) and vt[i] (n x n or k x n), k = min(m, n);
+    job 78 ('N'): values only. NaN where LAPACK fails (XLA's results)."""
+    var lib = OwnedDLHandle(library, RTLD.NOW | RTLD.LOCAL)
+    var k = min(m, n)
+    var ucols = m if job == 65 else (k if job == 83 else 1)
+    var vrows = n if job == 65 else k
+    for i in range(batch):
+        var ui = u.unsafe_offset(i * m * ucols) if job != 78 else u
+        var vti = vt.unsafe_offset(i * vrows * n) if job != 78 else vt
+        var si = s.unsafe_offset(i * k)
+        var info: Int
+        comptime if ilp64:
+            var gesdd = lib.get_function[Int64](symbol)
+            info = Int(gesdd(Int32(101), Int8(job), Int64(m), Int64(n), a.unsafe_offset(i * m * n),
+                             Int64(n), si, ui, Int64(ucols), vti, Int64(n)))
+        else:
+            var gesdd = lib.get_function[Int32](symbol)
+            info = Int(gesdd(Int32(101), Int8(job), Int32(m), Int32(n), a.unsafe_offset(i * m * n),
+                             Int32(n), si, ui, Int32(ucols), vti, Int32(n)))
+        if info != 0:
+            for j in range(k):
+                si[j] = nan[dt]()
+            if job != 78:
+                for j in range(m * ucols):
+                    ui[j] = nan[dt]()
+                for j in range(vrows * n):
+                    vti[j] = nan[dt]()
 
 
 def blas_trsm[dt: DType, library: StaticString, symbol: StaticString, ilp64: Bool](
@@ -252,6 +314,48 @@ def householder_product(emitter, prim, ins, outs):
           [math.prod(a.shape[:-2]), m, n, k], [a], [out, taus])
 
 
+def eigh(emitter, prim, ins, outs, *, lower, sort_eigenvalues, subset_by_index, algorithm=None):
+    # LAPACK's ?syevd, as XLA's CPU eigh (`algorithm` picks a TPU/GPU
+    # method; eigenvalues come out ascending whatever `sort_eigenvalues` says)
+    (a,), (v, w) = ins, outs
+    n = a.shape[-1]
+    whole = subset_by_index is None or tuple(subset_by_index) == (0, n)
+    found = _library(v.dtype, n, "syevd") if isinstance(a, Array) and whole else None
+    if found is None:
+        emitter.decomposed(prim, ins, outs, dict(
+            lower=lower, sort_eigenvalues=sort_eigenvalues, subset_by_index=subset_by_index,
+            algorithm=algorithm))
+        return
+    _call(emitter, "lapack_syevd", found, v.dtype, [math.prod(a.shape[:-2]), n, bool(lower)],
+          [a], [v, w])
+
+
+#: LAPACK's `jobz` of ?gesdd: all vectors, the reduced ones, none.
+_GESDD_JOBS = {"all": 65, "reduced": 83, "none": 78}
+
+
+def svd(emitter, prim, ins, outs, *, full_matrices, compute_uv, subset_by_index,
+        algorithm=None):
+    # LAPACK's ?gesdd, XLA's default CPU svd (other algorithms: the decomposition)
+    (a,) = ins
+    m, n = a.shape[-2], a.shape[-1]
+    whole = subset_by_index is None or tuple(subset_by_index) == (0, min(m, n))
+    default = algorithm is None or getattr(algorithm, "name", "") == "DEFAULT"
+    found = (_library(a.dtype, min(m, n), "gesdd")
+             if isinstance(a, Array) and whole and default else None)
+    if found is None:
+        emitter.decomposed(prim, ins, outs, dict(
+            full_matrices=full_matrices, compute_uv=compute_uv, subset_by_index=subset_by_index,
+            algorithm=algorithm))
+        return
+    job = _GESDD_JOBS["none" if not compute_uv else "all" if full_matrices else "reduced"]
+    s = outs[0]
+    u, vt = outs[1:] if compute_uv else (s, s)  # not written with job 'N'
+    scratch = emitter.value(a.shape, a.dtype)  # ?gesdd overwrites its input
+    _call(emitter, "lapack_gesdd", found, a.dtype, [math.prod(a.shape[:-2]), m, n, job],
+          [a], [scratch, s, u, vt])
+
+
 def _call(emitter, routine: str, found, dtype, sizes, sources, pointers) -> None:
     """`routine`(sizes..., pointers...) on copies of `sources` in the first
     pointers' buffers (LAPACK works in place)."""
@@ -266,4 +370,5 @@ def _call(emitter, routine: str, found, dtype, sizes, sources, pointers) -> None
 
 
 EQUATIONS = {P.cholesky_p: cholesky, P.triangular_solve_p: triangular_solve, P.lu_p: lu,
-             P.geqrf_p: geqrf, P.householder_product_p: householder_product}
+             P.geqrf_p: geqrf, P.householder_product_p: householder_product, P.eigh_p: eigh,
+             P.svd_p: svd}
