@@ -427,9 +427,17 @@ def _window_rows():
     return x, n
 
 
+def _spectral(spd, m):
+    """eigh and svd as what does not depend on the vectors' signs: values
+    and reconstructions."""
+    w, v = jnp.linalg.eigh(spd)
+    u, s, vt = jnp.linalg.svd(m)
+    return w, (v * w) @ v.T, jnp.linalg.svd(m[:, :4], compute_uv=False), (u * s) @ vt
+
+
 def factorizations(a, b):
     """Small Cholesky (positive definite, and not: NaN as XLA), triangular
-    solves on both sides, LU (pivots, permutation) and QR in a scan's body:
+    solves on both sides, LU (pivots, permutation), QR, eigh and svd in a scan's body:
     below the library sizes, the lax pack's decompositions written in loops
     (large ones call LAPACK: test_program_kernels)."""
     def step(c, v):
@@ -441,7 +449,8 @@ def factorizations(a, b):
                 lax.linalg.triangular_solve(tri, r, left_side=True, lower=True),
                 lax.linalg.triangular_solve(tri, r.T, left_side=False, lower=False,
                                             transpose_a=True, unit_diagonal=True),
-                *lax.linalg.lu(m), *jnp.linalg.qr(m), jnp.linalg.solve(spd, r))
+                *lax.linalg.lu(m), *jnp.linalg.qr(m), jnp.linalg.solve(spd, r),
+                *_spectral(spd, m))
         return c + factor[0, 0], outs
     return lax.scan(step, jnp.float32(0), (a, b))
 

@@ -24,7 +24,8 @@ def reduce(emitter, prim, ins, outs, *, axes, out_sharding=None):
     init = reduction_identity(init, dt)
     if dt == np.bool_ and prim not in (P.reduce_and_p, P.reduce_or_p):
         raise Unsupported(f"{prim.name} of bool")
-    if _vector_fold(emitter, prim, operand, out, axes):
+    if _vector_fold(emitter, prim, operand, out, axes) or _row_fold(emitter, prim, operand,
+                                                                   out, axes, init):
         return
     emitter.copy(Const(init, out.shape, dt), out)
     src = row_major(operand.shape)
@@ -41,6 +42,30 @@ def reduce(emitter, prim, ins, outs, *, axes, out_sharding=None):
         outer = next((d for d, n in enumerate(operand.shape) if n != 1), 0)
         emitter.nest(operand.shape, body, parallel=outer not in axes)
     emitter.work += operand.size
+
+
+def _row_fold(emitter, prim, operand, out, axes, init) -> bool:
+    """A reduction over the trailing axes (each output a contiguous row) in
+    a register, element by element in order (the order of the loop it
+    replaces, which read and wrote the output per element: a bool `all`
+    over 4 elements per board cell of a batch of games); else False."""
+    rank = len(operand.shape)
+    axes = sorted(axes)
+    n = math.prod(operand.shape[d] for d in axes)
+    if axes != list(range(rank - len(axes), rank)) or not operand.size or not isinstance(
+            operand, Array):
+        return False
+    combine = REDUCTIONS[prim][0]
+    with emitter.split(out.size, work=operand.size) as (lo, hi):
+        o, c, acc = (emitter.fresh(x) for x in ("o", "c", "acc"))
+        with emitter.block(f"for {o} in range({lo}, {hi}):"):
+            emitter.emit(f"var {acc} = {literal(init, operand.dtype)}")
+            with emitter.block(f"for {c} in range({n}):"):
+                value = operand.at(f"{o} * {n} + {c}")
+                emitter.emit(f"{acc} = {combine.format(a=acc, b=value)}")
+            emitter.emit(f"{out.at(o)} = {acc}")
+    emitter.work += operand.size
+    return True
 
 
 #: Elements a vector accumulator sums before its lanes join the total: the
