@@ -115,5 +115,8 @@ def scipy_optimize_bfgs(size):
         result = minimize(rosenbrock, x0, method="BFGS", options={"maxiter": 50})
         return result.x, result.fun, result.nit
 
-    x0 = sized(size, small=np.array([-1.2, 1.0, 0.8]), large=np.tile([-1.2, 1.0], 128))
+    # large: 256 unknowns from 0.9. From the classic start, BFGS stops on a
+    # failed line search at iteration 11, where float32 and float64 runs
+    # differ by 5e-2 (no reference); from 0.9, at 42, within 3e-4.
+    x0 = sized(size, small=np.array([-1.2, 1.0, 0.8]), large=np.full(256, 0.9))
     return fit, (x0.astype(np.float32),)

@@ -20,7 +20,9 @@ from juju_kernels_mojo import blas
 from juju_kernels_mojo.codegen.dot import BLAS_PARALLEL_MIN, BLAS_PARALLEL_MIN_IN_LOOP
 from juju_kernels_mojo.codegen.mojo import Array, literal, mojo_dtype
 
-#: Matrix sizes (n) from which the library is called.
+#: Matrix sizes (n) from which the library is called; eigh and svd call it
+#: from n = 1, since their vectors' signs are LAPACK's there only (CMA-ES
+#: samples through them).
 LIBRARY_MIN_N = 16
 
 #: Written into kernels that call them (`Emitter.linalg`).
@@ -223,10 +225,10 @@ def blas_trsm[dt: DType, library: StaticString, symbol: StaticString, ilp64: Boo
 '''
 
 
-def _library(dtype, n: int, table: str):
+def _library(dtype, n: int, table: str, min_n: int = LIBRARY_MIN_N):
     """(library, symbol) for a `table` routine of `dtype` on n x n matrices,
     or None (the decomposition is written instead)."""
-    if n < LIBRARY_MIN_N or dtype not in (np.float32, np.float64):
+    if n < min_n or dtype not in (np.float32, np.float64):
         return None
     library = blas.find()
     symbol = None if library is None else getattr(library, table).get(np.dtype(dtype).name)
@@ -320,7 +322,7 @@ def eigh(emitter, prim, ins, outs, *, lower, sort_eigenvalues, subset_by_index, 
     (a,), (v, w) = ins, outs
     n = a.shape[-1]
     whole = subset_by_index is None or tuple(subset_by_index) == (0, n)
-    found = _library(v.dtype, n, "syevd") if isinstance(a, Array) and whole else None
+    found = _library(v.dtype, n, "syevd", 1) if isinstance(a, Array) and whole else None
     if found is None:
         emitter.decomposed(prim, ins, outs, dict(
             lower=lower, sort_eigenvalues=sort_eigenvalues, subset_by_index=subset_by_index,
@@ -341,7 +343,7 @@ def svd(emitter, prim, ins, outs, *, full_matrices, compute_uv, subset_by_index,
     m, n = a.shape[-2], a.shape[-1]
     whole = subset_by_index is None or tuple(subset_by_index) == (0, min(m, n))
     default = algorithm is None or getattr(algorithm, "name", "") == "DEFAULT"
-    found = (_library(a.dtype, min(m, n), "gesdd")
+    found = (_library(a.dtype, min(m, n), "gesdd", 1)
              if isinstance(a, Array) and whole and default else None)
     if found is None:
         emitter.decomposed(prim, ins, outs, dict(
