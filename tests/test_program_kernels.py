@@ -170,7 +170,10 @@ def integer_lanes(i, u, amounts, x, flags):
             uniform * 2.0 + x, x.astype(jnp.int32), x.astype(jnp.uint32),
             i.astype(f32) * 0.5 + x, (x > 0).astype(f32), x.astype(bool),
             flags.astype(jnp.int32) + i, lax.bitcast_convert_type(x, jnp.int32) ^ i,
-            jnp.where(u > amounts, u - amounts, amounts - u), (i > 0) & flags)
+            jnp.where(u > amounts, u - amounts, amounts - u), (i > 0) & flags,
+            # integer predicates (scalar runs): a narrower shape, not to split the one above
+            lax.select_n((amounts[:, :5] % 3).astype(jnp.int32), i[:, :5], -i[:, :5], i[:, :5] * 2),
+            lax.select_n(flags[:, :5].astype(jnp.int32), i[:, :5], i[:, :5] + 1))
 
 
 def _integer_lanes_args():

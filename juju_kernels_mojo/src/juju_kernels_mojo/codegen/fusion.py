@@ -164,7 +164,9 @@ def _vector_dtype(eqn):
         return _cast_lanes(eqn)
     elif prim in VECTOR_COMPARISONS or prim is P.is_finite_p:
         lanes = ins
-    elif prim is P.select_n_p and len(ins) == 3 and np.dtype(ins[0].aval.dtype) == np.bool_:
+    elif prim is P.select_n_p:
+        if len(ins) != 3 or np.dtype(ins[0].aval.dtype) != np.bool_:
+            return None  # an integer predicate picking among cases: scalars
         lanes = (*ins[1:], *eqn.outvars)  # a bool predicate, two cases
     elif prim in VECTOR_ELEMENTWISE or prim in VECTOR_EXTRA or prim in VECTOR_INTEGER:
         lanes = (*ins, *eqn.outvars)
