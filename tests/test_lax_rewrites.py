@@ -309,3 +309,42 @@ def test_selects_of_one_value_are_folded_and_match_jax():
         g, w = juju.to_numpy(g), np.asarray(w)
         assert g.dtype == w.dtype and g.shape == w.shape
         np.testing.assert_array_equal(g, w)
+
+
+def repeated_work(a, b):
+    """What XLA's CSE merges: one matrix factored by slogdet, det and two
+    lu_factors (each in its own call), repeated elementwise work and
+    softmaxes; and what it must not: two host callbacks (jax.jit calls
+    each)."""
+    sign, logdet = jnp.linalg.slogdet(a)
+    lu, _ = jax.scipy.linalg.lu_factor(a)
+    twice = jax.pure_callback(lambda x: np.asarray(x) * 2, jax.ShapeDtypeStruct(b.shape, b.dtype), b)
+    again = jax.pure_callback(lambda x: np.asarray(x) * 2, jax.ShapeDtypeStruct(b.shape, b.dtype), b)
+    return (sign, logdet, jnp.linalg.det(a), lu, jax.scipy.linalg.lu_factor(a)[1],
+            jnp.sin(b) * jnp.sin(b), jax.nn.softmax(b) + jax.nn.softmax(b), twice + again)
+
+
+def _primitive_names(jaxpr, out):
+    for e in jaxpr.eqns:
+        out.append(e.primitive.name)
+        for v in e.params.values():
+            if isinstance(v, jax.extend.core.ClosedJaxpr):
+                _primitive_names(v.jaxpr, out)
+    return out
+
+
+def test_repeated_equations_are_computed_once_and_match_jax():
+    from juju_ops_lax.rewrites import eliminate_common_subexpressions, everywhere
+
+    a = rng.normal(size=(6, 6)).astype(np.float32)
+    b = rng.normal(size=6).astype(np.float32)
+    closed = jax.make_jaxpr(repeated_work)(a, b)
+    merged = everywhere(eliminate_common_subexpressions)(closed)
+    before, after = _primitive_names(closed.jaxpr, []), _primitive_names(merged.jaxpr, [])
+    assert before.count("lu") == 4 and after.count("lu") == 1
+    assert before.count("sin") == 2 and after.count("sin") == 1
+    assert after.count("pure_callback") == before.count("pure_callback") == 2
+    assert_same(jax.core.eval_jaxpr(merged.jaxpr, merged.consts, a, b),
+                jax.core.eval_jaxpr(closed.jaxpr, closed.consts, a, b))
+    assert_same(juju.jit(repeated_work, tiered=False)(a, b), jax.jit(repeated_work)(a, b),
+                rtol=1e-5, atol=1e-5)

@@ -14,7 +14,8 @@ keeps `x @ w.T` free of a copy (`juju_ops_lax.dot`'s transposed-B form).
 
 `reduce(broadcast_in_dim(x))` becomes `broadcast_in_dim(reduce(x))`,
 `pow(x, c)` of a known c in (2, 1, -1) becomes `x * x`, `x` and `1 / x`,
-`select_n(p, x, x)` becomes `x`, and
+`select_n(p, x, x)` becomes `x`, a pure equation repeating an earlier
+one reuses its results (`eliminate_common_subexpressions`), and
 equations of a loop body that read only the loop's constants move before
 the loop (`hoist_loop_invariants`).
 """
@@ -252,8 +253,9 @@ def _known_scalars(closed: ClosedJaxpr) -> dict:
 
 def _simplified(closed: ClosedJaxpr, simplify) -> ClosedJaxpr:
     """`closed` with each equation replaced by `simplify(eqn)`: an equation,
-    or a variable or literal its result is renamed to (the equation
-    dropped); `closed` itself where nothing changed."""
+    or a variable or literal its result is renamed to, or a tuple of them,
+    one per result (the equation dropped); `closed` itself where nothing
+    changed."""
     jaxpr = closed.jaxpr
     renamed, eqns = {}, []
     for e in jaxpr.eqns:
@@ -262,7 +264,9 @@ def _simplified(closed: ClosedJaxpr, simplify) -> ClosedJaxpr:
                                   for v in e.invars])
         result = simplify(e)
         if isinstance(result, (Var, Literal)):
-            renamed[e.outvars[0]] = result
+            result = (result,)
+        if isinstance(result, tuple):  # one atom per result
+            renamed.update(zip(e.outvars, result))
             continue
         eqns.append(result)
     if len(eqns) == len(jaxpr.eqns) and all(a is b for a, b in zip(eqns, jaxpr.eqns)):
@@ -313,6 +317,60 @@ def fold_trivial_selects(closed: ClosedJaxpr) -> ClosedJaxpr:
         return first if same and first.aval.shape == e.outvars[0].aval.shape else e
 
     return _simplified(closed, simplify)
+
+
+def _key(atom):
+    if isinstance(atom, Literal):
+        value = np.asarray(atom.val)
+        return ("literal", value.dtype.str, value.shape, value.tobytes())
+    return atom
+
+
+#: Repeats worth inlining calls to merge: factorizations and products. Other
+#: calls stay calls (a library's FFT is placed as a call: generated kernels
+#: around it), their repeats merged within each body.
+_WORTH_INLINING = frozenset({P.lu_p, P.cholesky_p, P.eigh_p, P.svd_p, P.triangular_solve_p,
+                             P.householder_product_p, P.dot_general_p, P.conv_general_dilated_p,
+                             P.qr_p, P.geqrf_p, P.linear_solve_p})
+
+
+def eliminate_common_subexpressions(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """A pure equation that repeats an earlier one (the same primitive,
+    operands and parameters) reuses its results, as XLA's CSE pass does:
+    `jnp.linalg.solve`, `inv`, `slogdet` and `lu_factor` of one matrix
+    each factor it in their own calls (jax.jit factors it once: calls are
+    inlined where that merges a factorization or a product); a derivative
+    rebuilds the broadcasts and masks of its forward pass. Equations with
+    effects or host callbacks (jax.jit calls each) stay."""
+    flat = _inlined_body(closed)
+    if flat is not None:
+        merged, repeats = _without_repeats(flat)
+        if any(e.primitive in _WORTH_INLINING for e in repeats):
+            return merged
+    return _without_repeats(closed)[0]
+
+
+def _without_repeats(closed: ClosedJaxpr):
+    """(`closed` with repeats merged, the equations dropped)."""
+    seen, dropped = {}, []
+
+    def simplify(e):
+        if e.effects or eqn_has_callbacks(e) or any(type(v).__name__ == "DropVar"
+                                                    for v in e.outvars):
+            return e
+        try:
+            key = (e.primitive, tuple(map(_key, e.invars)),
+                   tuple(sorted(e.params.items())))
+            hash(key)
+        except TypeError:  # a parameter that is not hashable (an array)
+            return e
+        if key in seen:
+            dropped.append(e)
+            return seen[key]
+        seen[key] = tuple(e.outvars)
+        return e
+
+    return _simplified(closed, simplify), dropped
 
 
 def _with_inputs(jaxpr, invars, eqns):
