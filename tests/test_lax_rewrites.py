@@ -348,3 +348,36 @@ def test_repeated_equations_are_computed_once_and_match_jax():
                 jax.core.eval_jaxpr(closed.jaxpr, closed.consts, a, b))
     assert_same(juju.jit(repeated_work, tiered=False)(a, b), jax.jit(repeated_work)(a, b),
                 rtol=1e-5, atol=1e-5)
+
+
+def counters(x):
+    """Elementwise work on broadcasts (a loop counter made an array, jnp's
+    remainder and floor division of it in their own calls), and betainc,
+    whose continued fraction does the same each iteration."""
+    def body(i, acc):
+        k = jnp.full(x.shape, i)
+        odd = (k % 2) == 1
+        return acc + jnp.where(odd, x, -x) * (k // 2).astype(x.dtype) + jnp.float32(0.5) * k
+
+    unit = jnp.clip(jnp.abs(x), 0.05, 0.95)
+    return jax.lax.fori_loop(0, 5, body, x), jax.scipy.special.betainc(2.0, 3.0, unit)
+
+
+def test_elementwise_work_moves_below_broadcasts_and_matches_jax():
+    from juju_ops_lax.rewrites import compute_before_broadcasting, everywhere
+
+    x = rng.normal(size=(4, 6)).astype(np.float32)
+    closed = jax.make_jaxpr(counters)(x)
+    moved = everywhere(compute_before_broadcasting)(closed)
+
+    def array_muls(jaxpr):  # 0.5 * k: on the full shape before, on the counter after
+        inner = [v.jaxpr for e in jaxpr.eqns for v in e.params.values()
+                 if isinstance(v, jax.extend.core.ClosedJaxpr)]
+        return sum(e.primitive.name == "mul" and e.outvars[0].aval.shape == x.shape
+                   and any(getattr(a, "aval", None) is not None and a.aval.shape == ()
+                           for a in e.invars) for e in jaxpr.eqns) + sum(map(array_muls, inner))
+
+    assert array_muls(closed.jaxpr) >= 1 and array_muls(moved.jaxpr) < array_muls(closed.jaxpr)
+    assert_same(jax.core.eval_jaxpr(moved.jaxpr, moved.consts, x),
+                jax.core.eval_jaxpr(closed.jaxpr, closed.consts, x))
+    assert_same(juju.jit(counters, tiered=False)(x), jax.jit(counters)(x), rtol=1e-5, atol=1e-6)

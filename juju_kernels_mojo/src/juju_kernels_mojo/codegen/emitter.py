@@ -19,6 +19,7 @@ from jax.extend import core as jex_core
 
 from juju import fallback
 from juju._compat import ShapedArray, is_key_dtype
+from juju_ops_lax import rewrites as lax_rewrites
 from juju_kernels_mojo.codegen import complex_parts, control_flow, fusion, parts, prng, tasks
 from juju_kernels_mojo.codegen.mojo import (VECTOR_BYTES, Array, Const, Unsupported,
                                             add_offsets, index_expr, mojo_dtype, scalar_type)
@@ -260,6 +261,9 @@ class Emitter:
         for var, value in zip([*jaxpr.constvars, *jaxpr.invars], [*consts, *args], strict=True):
             env[var] = value
         eqns, outvars, inner_consts, origins = control_flow.inlined(jaxpr)
+        # calls inlined, elementwise work on broadcasts (jnp's remainder of a
+        # broadcast counter, in a call) moves below them, as the lax pack's rewrite
+        eqns = lax_rewrites.below_broadcasts(eqns, outvars)
         for var, value in inner_consts:
             env[var] = self.closed_const(value)
 
