@@ -564,3 +564,39 @@ def test_spectral_decompositions_call_lapack():
         if i in vectors | rows:
             g, w = _signs_fixed(g), _signs_fixed(w)
         np.testing.assert_allclose(g, w, rtol=2e-3, atol=2e-3, err_msg=f"output {i}")
+
+
+def _histories(x):
+    """Scans writing a row of a carried buffer per step (checkpoints, as
+    diffrax's adjoint keeps them), one of them swapping its buffers."""
+    def step(carry, i):
+        buf, v = carry
+        v = jnp.tanh(v) + 0.5
+        return (lax.dynamic_update_slice(buf, v[None], (i, 0)), v), v.sum()
+
+    (buf, v), sums = lax.scan(step, (jnp.zeros((64, x.shape[0])), x), jnp.arange(64))
+
+    def swap(carry, i):
+        a, b = carry
+        return (lax.dynamic_update_slice(b, jnp.full((1, x.shape[0]), i, x.dtype), (i, 0)), a), 0.0
+
+    (a, b), _ = lax.scan(swap, (buf, buf * 2.0), jnp.arange(5))
+    return buf, v, sums, a, b
+
+
+def test_a_carried_buffer_is_updated_in_place():
+    """dynamic_update_slice of a loop's carry that nothing reads after it
+    writes the carry's buffer, not a copy of all of it each step; a swap of
+    two such carries still reads each before it is overwritten."""
+    x = rng.standard_normal(1000).astype(np.float32)
+    lines = _program_source(_histories, x).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("for step"))
+    depth = len(lines[start]) - len(lines[start].lstrip())
+    body = []
+    for line in lines[start + 1:]:
+        if len(line) - len(line.lstrip()) <= depth:
+            break
+        body.append(line)
+    assert not any("range(0, 64000" in line for line in body)  # no whole-buffer pass per step
+    got, want = juju.jit(_histories)(x), jax.jit(_histories)(x)
+    assert_same(got, want, rtol=1e-6, atol=1e-6)
