@@ -434,7 +434,12 @@ def sinkhorn_log_domain(size):
     return sinkhorn, (x, y)
 
 
-@program("nnx_mlp_dropout_train_step", "flax.nnx", rtol=1e-4, atol=1e-5)
+# atol 5e-4 (half adamw's lr): its first step moves each weight by
+# lr * g / (|g| + eps), which summation order moves by up to lr where |g|
+# is near eps (large: 3 of 802,816 first-layer and 3 of 1,048,576
+# second-layer weights beyond 1e-4, at most 1.6e-4; a wrong update is 2 lr
+# off). jax.jit's float64 run draws other dropout bits: it cannot judge.
+@program("nnx_mlp_dropout_train_step", "flax.nnx", rtol=1e-4, atol=5e-4)
 def nnx_mlp_dropout_train_step(size):
     import optax
     from flax import nnx
@@ -447,7 +452,11 @@ def nnx_mlp_dropout_train_step(size):
 
     class MLP(nnx.Module):
         def __init__(self, *, rngs: nnx.Rngs):
-            self.linear1 = nnx.Linear(784, width, rngs=rngs)
+            # no bias before BatchNorm (which removes it): its gradient is 0
+            # up to rounding, which adamw divides by its own size, so its
+            # update is the rounding's sign (jax.jit's float32 and float64
+            # runs disagree as much as juju's does): nothing to compare
+            self.linear1 = nnx.Linear(784, width, use_bias=False, rngs=rngs)
             self.bn = nnx.BatchNorm(width, rngs=rngs)
             self.dropout = nnx.Dropout(0.2, rngs=rngs)
             self.linear2 = nnx.Linear(width, width, rngs=rngs)

@@ -98,7 +98,11 @@ def optax_chain_clip_by_global_norm(size):
     return step, (params, optimizer.init(params), x)
 
 
-@program("optax_multi_transform", "optax", rtol=1e-5, atol=1e-6)
+# atol 2e-4 (2% of adam's lr 1e-2): adam moves each weight by
+# lr * m / (sqrt(v) + eps), which summation order moves where the gradient
+# is near 0 (large: 70 of 131,072 weights, up to 1.0e-4 from jax.jit's,
+# 7.8e-5 from float64 where jax.jit's are 3.5e-5)
+@program("optax_multi_transform", "optax", rtol=1e-5, atol=2e-4)
 def optax_multi_transform(size):
     import optax
 
