@@ -381,3 +381,25 @@ def test_elementwise_work_moves_below_broadcasts_and_matches_jax():
     assert_same(jax.core.eval_jaxpr(moved.jaxpr, moved.consts, x),
                 jax.core.eval_jaxpr(closed.jaxpr, closed.consts, x))
     assert_same(juju.jit(counters, tiered=False)(x), jax.jit(counters)(x), rtol=1e-5, atol=1e-6)
+
+
+def factored(a):
+    """One matrix factored by slogdet, det and lu_factor twice, each in
+    its own call: XLA factors it once."""
+    sign, logdet = jnp.linalg.slogdet(a)
+    return sign, logdet, jnp.linalg.det(a), jax.scipy.linalg.lu_factor(a)[0], \
+        jax.scipy.linalg.lu_factor(a)[1]
+
+
+def test_generated_kernels_merge_repeats_and_move_work_below_broadcasts(monkeypatch):
+    """In a generated kernel (calls inlined first): one LAPACK LU for four,
+    and the rewrites' programs match jax.jit."""
+    from tests.test_program_kernels import _program_source
+
+    monkeypatch.setenv("JUJU_PROGRAM_KERNELS", "1")
+    a = (rng.normal(size=(32, 32)) + 8 * np.eye(32)).astype(np.float32)
+    source = _program_source(factored, a)
+    assert source.count("lapack_getrf[") - 1 == 1  # less its definition
+    assert_same(juju.jit(factored, tiered=False)(a), jax.jit(factored)(a), rtol=1e-4, atol=1e-4)
+    x = rng.normal(size=(4, 6)).astype(np.float32)
+    assert_same(juju.jit(counters, tiered=False)(x), jax.jit(counters)(x), rtol=1e-5, atol=1e-6)

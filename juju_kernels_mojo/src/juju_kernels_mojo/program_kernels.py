@@ -76,7 +76,7 @@ def op_count(eqns) -> int:
 loop_rules.WORK_LIMITS[program_p] = lambda params: work_limit(params["call_jaxpr"])
 
 # The generator writes a program as it writes the body of a call.
-codegen.EQUATIONS[program_p] = control_flow.program
+codegen.EQUATIONS[program_p] = control_flow.call
 
 rules = juju.RuleSet(dtypes=juju.ALL_DTYPES)  # its equations' rules choose
 

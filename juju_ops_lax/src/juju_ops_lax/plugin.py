@@ -54,6 +54,4 @@ def juju_jaxpr_rewrites():
                                              rewrites.fold_reduced_broadcasts,
                                              rewrites.fold_constant_powers,
                                              rewrites.fold_trivial_selects,
-                                             rewrites.compute_before_broadcasting,
-                                             rewrites.eliminate_common_subexpressions,
                                              rewrites.hoist_loop_invariants)]

@@ -14,10 +14,16 @@ keeps `x @ w.T` free of a copy (`juju_ops_lax.dot`'s transposed-B form).
 
 `reduce(broadcast_in_dim(x))` becomes `broadcast_in_dim(reduce(x))`,
 `pow(x, c)` of a known c in (2, 1, -1) becomes `x * x`, `x` and `1 / x`,
-`select_n(p, x, x)` becomes `x`, a pure equation repeating an earlier
-one reuses its results (`eliminate_common_subexpressions`), and
+`select_n(p, x, x)` becomes `x`, and
 equations of a loop body that read only the loop's constants move before
 the loop (`hoist_loop_invariants`).
+
+Two passes run in generated kernels only, on each jaxpr after its calls
+are inlined (codegen/emitter.py), not among the pack's passes: repeats
+merged (`repeats_merged`, XLA's CSE) and elementwise work moved below
+broadcasts (`below_broadcasts`). On the whole program they changed what
+juju-ops-nn's fused patterns (softmax, layer norm) match, and the MAX
+graphs of the kernel pack's tests no longer compiled.
 """
 
 from __future__ import annotations
@@ -257,8 +263,17 @@ def _simplified(closed: ClosedJaxpr, simplify) -> ClosedJaxpr:
     one per result (the equation dropped); `closed` itself where nothing
     changed."""
     jaxpr = closed.jaxpr
-    renamed, eqns = {}, []
-    for e in jaxpr.eqns:
+    eqns, outvars = simplified_eqns(jaxpr.eqns, jaxpr.outvars, simplify)
+    if eqns is jaxpr.eqns:
+        return closed
+    return ClosedJaxpr(jaxpr.replace(eqns=eqns, outvars=outvars), closed.consts)
+
+
+def simplified_eqns(eqns: list, outvars: list, simplify):
+    """(eqns, outvars) of `_simplified` for a list of equations and the
+    outputs read after them; `eqns` itself where nothing changed."""
+    renamed, out = {}, []
+    for e in eqns:
         if renamed:
             e = e.replace(invars=[renamed.get(v, v) if isinstance(v, Var) else v
                                   for v in e.invars])
@@ -268,11 +283,10 @@ def _simplified(closed: ClosedJaxpr, simplify) -> ClosedJaxpr:
         if isinstance(result, tuple):  # one atom per result
             renamed.update(zip(e.outvars, result))
             continue
-        eqns.append(result)
-    if len(eqns) == len(jaxpr.eqns) and all(a is b for a, b in zip(eqns, jaxpr.eqns)):
-        return closed
-    outvars = [renamed.get(v, v) if isinstance(v, Var) else v for v in jaxpr.outvars]
-    return ClosedJaxpr(jaxpr.replace(eqns=eqns, outvars=outvars), closed.consts)
+        out.append(result)
+    if len(out) == len(eqns) and all(a is b for a, b in zip(out, eqns)):
+        return eqns, outvars
+    return out, [renamed.get(v, v) if isinstance(v, Var) else v for v in outvars]
 
 
 def fold_constant_powers(closed: ClosedJaxpr) -> ClosedJaxpr:
@@ -352,6 +366,15 @@ def eliminate_common_subexpressions(closed: ClosedJaxpr) -> ClosedJaxpr:
 
 def _without_repeats(closed: ClosedJaxpr):
     """(`closed` with repeats merged, the equations dropped)."""
+    eqns, outvars, dropped = repeats_merged(closed.jaxpr.eqns, closed.jaxpr.outvars)
+    if eqns is closed.jaxpr.eqns:
+        return closed, dropped
+    return ClosedJaxpr(closed.jaxpr.replace(eqns=eqns, outvars=outvars), closed.consts), dropped
+
+
+def repeats_merged(eqns: list, outvars: list):
+    """(eqns, outvars, the equations dropped) with each pure equation that
+    repeats an earlier one dropped and its results renamed to the earlier's."""
     seen, dropped = {}, []
 
     def simplify(e):
@@ -370,7 +393,7 @@ def _without_repeats(closed: ClosedJaxpr):
         seen[key] = tuple(e.outvars)
         return e
 
-    return _simplified(closed, simplify), dropped
+    return (*simplified_eqns(eqns, outvars, simplify), dropped)
 
 
 #: Elementwise primitives (by name: some are not in every jax release).

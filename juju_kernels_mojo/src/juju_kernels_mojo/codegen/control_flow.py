@@ -20,15 +20,6 @@ def call(emitter, prim, ins, outs, **params):
         emitter.copy(src, dst)
 
 
-def program(emitter, prim, ins, outs, **params):
-    """A whole program (program_kernels): its fused runs store their
-    results straight into the output buffers (`into`), not into scratch
-    buffers copied at the end (a pass over every output)."""
-    results = emitter.jaxpr(params["call_jaxpr"], ins, into=dict(enumerate(outs)))
-    for src, dst in zip(results, outs, strict=True):
-        emitter.copy(src, dst)
-
-
 def identity(emitter, prim, ins, outs, **params):
     for src, dst in zip(ins, outs, strict=True):
         emitter.copy(src, dst)
@@ -146,7 +137,7 @@ EQUATIONS = {
     **{p: call for p in call_primitives},
 }
 #: These pass values through as they are (into sub-jaxprs, or copied whole).
-PARTS_CARRIERS = {call, program, identity, cond, scan, while_loop}
+PARTS_CARRIERS = {call, identity, cond, scan, while_loop}
 #: Values are immutable, so a call's or an identity's outputs are bound to
 #: the values it returns, uncopied (a copy of a 16M-element result was a
 #: pass over 64 MB).

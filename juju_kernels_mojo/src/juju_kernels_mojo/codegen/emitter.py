@@ -262,8 +262,11 @@ class Emitter:
         for var, value in zip([*jaxpr.constvars, *jaxpr.invars], [*consts, *args], strict=True):
             env[var] = value
         eqns, outvars, inner_consts, origins = control_flow.inlined(jaxpr)
-        # calls inlined, elementwise work on broadcasts (jnp's remainder of a
-        # broadcast counter, in a call) moves below them, as the lax pack's rewrite
+        # Calls inlined: repeats across them merged (slogdet's, det's and
+        # lu_factor's LU of one matrix), and elementwise work on broadcasts
+        # (jnp's remainder of a broadcast counter, in a call) moved below them,
+        # as XLA's CSE and simplifier do.
+        eqns, outvars, _ = lax_rewrites.repeats_merged(eqns, outvars)
         eqns = lax_rewrites.below_broadcasts(eqns, outvars)
         for var, value in inner_consts:
             env[var] = self.closed_const(value)
