@@ -333,13 +333,31 @@ def _primitive_names(jaxpr, out):
     return out
 
 
+def _as_generated(closed, simplify):
+    """`closed` with `simplify(eqns, outvars) -> (eqns, outvars)` applied to
+    each of its jaxprs, loop bodies too, after their calls are inlined: as
+    the generator applies it (codegen/emitter.py)."""
+    from juju import inlining
+    from juju._compat import ClosedJaxpr
+    from juju_ops_lax.rewrites import everywhere
+
+    def one(c):
+        eqns, outvars, consts, _ = inlining.inlined(c.jaxpr)
+        eqns, outvars = simplify(eqns, outvars)
+        jaxpr = c.jaxpr.replace(constvars=[*c.jaxpr.constvars, *(v for v, _ in consts)],
+                                eqns=eqns, outvars=outvars)
+        return ClosedJaxpr(jaxpr, [*c.consts, *(value for _, value in consts)])
+
+    return everywhere(one)(closed)
+
+
 def test_repeated_equations_are_computed_once_and_match_jax():
-    from juju_ops_lax.rewrites import eliminate_common_subexpressions, everywhere
+    from juju_ops_lax.rewrites import repeats_merged
 
     a = rng.normal(size=(6, 6)).astype(np.float32)
     b = rng.normal(size=6).astype(np.float32)
     closed = jax.make_jaxpr(repeated_work)(a, b)
-    merged = everywhere(eliminate_common_subexpressions)(closed)
+    merged = _as_generated(closed, lambda eqns, outvars: repeats_merged(eqns, outvars)[:2])
     before, after = _primitive_names(closed.jaxpr, []), _primitive_names(merged.jaxpr, [])
     assert before.count("lu") == 4 and after.count("lu") == 1
     assert before.count("sin") == 2 and after.count("sin") == 1
@@ -364,11 +382,12 @@ def counters(x):
 
 
 def test_elementwise_work_moves_below_broadcasts_and_matches_jax():
-    from juju_ops_lax.rewrites import compute_before_broadcasting, everywhere
+    from juju_ops_lax.rewrites import below_broadcasts
 
     x = rng.normal(size=(4, 6)).astype(np.float32)
     closed = jax.make_jaxpr(counters)(x)
-    moved = everywhere(compute_before_broadcasting)(closed)
+    moved = _as_generated(closed, lambda eqns, outvars: (below_broadcasts(eqns, outvars),
+                                                          outvars))
 
     def array_muls(jaxpr):  # 0.5 * k: on the full shape before, on the counter after
         inner = [v.jaxpr for e in jaxpr.eqns for v in e.params.values()

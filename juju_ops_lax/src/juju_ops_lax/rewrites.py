@@ -340,41 +340,13 @@ def _key(atom):
     return atom
 
 
-#: Repeats worth inlining calls to merge: factorizations and products. Other
-#: calls stay calls (a library's FFT is placed as a call: generated kernels
-#: around it), their repeats merged within each body.
-_WORTH_INLINING = frozenset({P.lu_p, P.cholesky_p, P.eigh_p, P.svd_p, P.triangular_solve_p,
-                             P.householder_product_p, P.dot_general_p, P.conv_general_dilated_p,
-                             P.qr_p, P.geqrf_p, P.linear_solve_p})
-
-
-def eliminate_common_subexpressions(closed: ClosedJaxpr) -> ClosedJaxpr:
-    """A pure equation that repeats an earlier one (the same primitive,
-    operands and parameters) reuses its results, as XLA's CSE pass does:
-    `jnp.linalg.solve`, `inv`, `slogdet` and `lu_factor` of one matrix
-    each factor it in their own calls (jax.jit factors it once: calls are
-    inlined where that merges a factorization or a product); a derivative
-    rebuilds the broadcasts and masks of its forward pass. Equations with
-    effects or host callbacks (jax.jit calls each) stay."""
-    flat = _inlined_body(closed)
-    if flat is not None:
-        merged, repeats = _without_repeats(flat)
-        if any(e.primitive in _WORTH_INLINING for e in repeats):
-            return merged
-    return _without_repeats(closed)[0]
-
-
-def _without_repeats(closed: ClosedJaxpr):
-    """(`closed` with repeats merged, the equations dropped)."""
-    eqns, outvars, dropped = repeats_merged(closed.jaxpr.eqns, closed.jaxpr.outvars)
-    if eqns is closed.jaxpr.eqns:
-        return closed, dropped
-    return ClosedJaxpr(closed.jaxpr.replace(eqns=eqns, outvars=outvars), closed.consts), dropped
-
-
 def repeats_merged(eqns: list, outvars: list):
     """(eqns, outvars, the equations dropped) with each pure equation that
-    repeats an earlier one dropped and its results renamed to the earlier's."""
+    repeats an earlier one (the same primitive, operands and parameters)
+    dropped and its results renamed to the earlier's, as XLA's CSE pass
+    does: after calls are inlined, `slogdet`, `det` and `lu_factor` of one
+    matrix factor it once. Equations with effects or host callbacks
+    (jax.jit calls each) stay."""
     seen, dropped = {}, []
 
     def simplify(e):
@@ -405,24 +377,16 @@ _ELEMENTWISE = frozenset(p for p in (getattr(P, f"{name}_p", None) for name in (
     "nextafter atan2 square clamp population_count clz").split()) if p is not None)
 
 
-def compute_before_broadcasting(closed: ClosedJaxpr) -> ClosedJaxpr:
-    """`f(broadcast(x), broadcast(y), 2)` for an elementwise f, every array
-    operand broadcast alike, becomes `broadcast(f(x, y, 2))`, as XLA's
-    simplifier sinks elementwise work below broadcasts: jax's betainc
-    broadcast its iteration counter to the batch and took integer
-    remainders and quotients of every copy, each iteration (16k elements x
-    200 iterations of scalar division: 8x jax.jit). The generator applies
-    it again after inlining calls (`below_broadcasts`)."""
-    eqns = below_broadcasts(closed.jaxpr.eqns, closed.jaxpr.outvars)
-    if eqns is closed.jaxpr.eqns:
-        return closed
-    return ClosedJaxpr(closed.jaxpr.replace(eqns=eqns), closed.consts)
-
-
 def below_broadcasts(eqns: list, outvars) -> list:
     """`eqns` (of a jaxpr with outputs `outvars`) with elementwise work on
-    broadcasts moved below them (`compute_before_broadcasting`) and the
-    broadcasts no longer read dropped; `eqns` itself where nothing moved."""
+    broadcasts moved below them and the broadcasts no longer read dropped;
+    `eqns` itself where nothing moved. `f(broadcast(x), broadcast(y), 2)`
+    for an elementwise f, every array operand broadcast alike, becomes
+    `broadcast(f(x, y, 2))`, as XLA's simplifier sinks elementwise work
+    below broadcasts: jax's betainc broadcast its iteration counter to the
+    batch and took integer remainders and quotients of every copy, each
+    iteration (16k elements x 200 iterations of scalar division: 8x
+    jax.jit)."""
     broadcasts, out, changed = {}, [], False
     for e in eqns:
         moved = _before_broadcast(e, broadcasts)
