@@ -296,7 +296,7 @@ def main(argv: list[str]) -> int:
         print(f"unknown environment {env_name!r}; known: {', '.join(envs)}", file=sys.stderr)
         return 2
     env = Env(env_name, envs[env_name])
-    if command == "gpu" and "--dry-run" not in rest:
+    if command == "gpu" and not {"--dry-run", "--pack-kernels"} & set(rest):
         # The GPU machine: its own python3 (CUDA jax), no venv, no network.
         return subprocess.run([sys.executable, "-m", "benchmarks.gpu_session", *rest],
                               cwd=ROOT).returncode

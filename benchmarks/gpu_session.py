@@ -113,12 +113,69 @@ class Session:
         self.save()
         return -1 if timer.fired else code
 
+    def run_detached(self, phase: str, command: list[str], limit: float) -> int:
+        """Like `run`, but the command outlives this device call: it runs in
+        its own process session (which a device call's end does not kill),
+        so a compile cut short by the budget goes on while the machine is
+        warm, and the next call follows it instead of starting it again
+        (a killed MAX compile starts from nothing: the H200 run of
+        2026-11-30 lost its four largest graphs twice so)."""
+        self.kept.mkdir(parents=True, exist_ok=True)
+        pid_file, rc_file, log_file = (STATE / f"{phase}.{ext}" for ext in ("pid", "rc", "log"))
+        start, offset = time.monotonic(), 0
+        if _alive(pid_file) and not rc_file.exists():  # rc written: it has ended
+            self.say(f"{phase}: following the run an earlier call started (limit {limit:.0f} s)")
+        else:
+            rc_file.unlink(missing_ok=True)
+            log_file.write_text("")
+            self.say(f"{phase}: {' '.join(command)} (detached; followed for {limit:.0f} s)")
+            with open(log_file, "a") as sink:
+                process = subprocess.Popen(
+                    ["bash", "-c", f'"$@"; echo $? > {rc_file}', phase, *command], cwd=ROOT,
+                    env=self.env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+            pid_file.write_text(str(process.pid))
+        while True:
+            offset = self._follow(log_file, offset)
+            if rc_file.exists() or not _alive(pid_file):
+                offset = self._follow(log_file, offset)
+                text = rc_file.read_text().strip() if rc_file.exists() else ""
+                code = int(text) if text.lstrip("-").isdigit() else 1
+                status = "ok" if code == 0 else f"exit {code}"
+                break
+            if time.monotonic() - start > limit:
+                code, status = -1, "still running (detached)"
+                break
+            time.sleep(2)
+        took = time.monotonic() - start
+        self.record["phases"][phase] = {"seconds": round(took, 1), "status": status}
+        self.say(f"{phase}: {status} after {took:.0f} s ({self.left():.0f} s of the budget left)")
+        for kept in self.kept.glob("*.compile.json"):  # written there: it outlives $OUT
+            shutil.copy2(kept, self.out / kept.name)
+        self.save()
+        return code
+
+    def _follow(self, log_file: Path, offset: int) -> int:
+        with open(log_file) as source:
+            source.seek(offset)
+            text = source.read()
+        sys.stdout.write(text)
+        self.log.write(text)
+        return offset + len(text.encode())
+
     def save(self) -> None:
         (self.out / "gpu-session.json").write_text(json.dumps(self.record, indent=2))
         self.kept.mkdir(parents=True, exist_ok=True)
         for path in self.out.glob("*"):
             if path.is_file() and path.name != "gpu-log.txt":
                 shutil.copy2(path, self.kept / path.name)
+
+
+def _alive(pid_file: Path) -> bool:
+    try:
+        os.kill(int(pid_file.read_text()), 0)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 class _Killer:
@@ -171,7 +228,42 @@ def install(s: Session) -> int:
             s.say("no .gpu/b here: this call must carry .gpu/b "
                   "(made by ../shared/tools/gpu-bundle.sh)")
             return 3
-    return s.run("install", ["bash", "-c", "source .gpu/b/install.sh"], limit=min(180, s.left()))
+    code = s.run("install", ["bash", "-c", "source .gpu/b/install.sh"], limit=min(180, s.left()))
+    if code == 0 and KERNELS.is_dir():
+        code = s.run("install kernels", [s.python, "-c", PLACE_KERNELS], limit=min(60, s.left()))
+    return code
+
+
+# juju-kernels-mojo on the GPU machine, which has no `mojo` driver to build its
+# library (bitwise ops, threefry and the pack's own primitives need it): the
+# wheel and the `.mojoc` built here (`--pack-kernels`), placed where the pack
+# looks for it under that machine's toolchain versions.
+KERNELS = ROOT / ".gpu" / "k"
+PLACE_KERNELS = f"""
+import glob, shutil, subprocess, sys
+from pathlib import Path
+subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--no-index', '--no-deps',
+                '--no-compile', '--target', '{SITE}', *glob.glob('{KERNELS}/*.whl')], check=True)
+import juju_kernels_mojo as k
+from juju_kernels_mojo.build import cache_dir, source_hash, toolchain_versions
+folder = cache_dir() / toolchain_versions() / f'{{k.LIBRARY}}-{{source_hash(k.KERNEL_DIR)}}'
+folder.mkdir(parents=True, exist_ok=True)
+shutil.copy2('{KERNELS}/' + k.LIBRARY + '.mojoc', folder)
+print('juju-kernels-mojo library placed in', folder)
+"""
+
+
+def pack_kernels() -> int:
+    """Here: juju-kernels-mojo's wheel and compiled library into .gpu/k."""
+    import juju_kernels_mojo
+
+    shutil.rmtree(KERNELS, ignore_errors=True)
+    KERNELS.mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(KERNELS),
+                    str(ROOT / "juju_kernels_mojo")], check=True)
+    shutil.copy2(juju_kernels_mojo.library_path(), KERNELS)
+    print(f"wrote {KERNELS}: carry it with .gpu/b")
+    return 0
 
 
 def find_cublas() -> str | None:
@@ -197,9 +289,10 @@ def find_cublas() -> str | None:
 def compile_phase(s: Session) -> int:
     limit = s.left() - sum(RESERVE[p] for p in ("tests", "bench", "docs") if p not in s.args.skip)
     with_tests = [] if "tests" in s.args.skip else ["--with-tests", "--tests-k", s.args.k]
-    return s.run("compile", [s.python, "-m", "benchmarks.gpu", "--compile-only", *with_tests,
-                             *bench_options(s), "--json", str(s.out / "gpu-results.json")],
-                 limit=max(limit, 30))
+    return s.run_detached("compile", [s.python, "-m", "benchmarks.gpu", "--compile-only",
+                                      *with_tests, *bench_options(s),
+                                      "--json", str(s.kept / "gpu-results.json")],
+                          limit=max(limit, 30))
 
 
 def tests(s: Session) -> int:
@@ -371,6 +464,9 @@ def main(argv=None) -> int:
     parser.add_argument("--only", help="bench rows whose name holds one of these (a,b)")
     parser.add_argument("-k", help="pytest -k expression for tests/test_gpu.py")
     parser.add_argument("--python", help="the interpreter for the phases (default: this one)")
+    parser.add_argument("--pack-kernels", action="store_true",
+                        help="here: juju-kernels-mojo's wheel and library into .gpu/k, to "
+                             "carry with .gpu/b, and do nothing else")
     parser.add_argument("--report", type=Path,
                         help="write the table of a fetched run's files (a folder) into "
                              "docs/gpu.md, and do nothing else")
@@ -381,6 +477,8 @@ def main(argv=None) -> int:
         args.k = "matmul_f32_transposed_b or bf16_x_wT" if args.dry_run else ""
     if args.dry_run:
         args.no_forms = True
+    if args.pack_kernels:
+        return pack_kernels()
     if args.report:
         page_path = ROOT / "docs" / "gpu.md"
         page_path.write_text(write_docs(args.report, page_path))
@@ -412,9 +510,9 @@ def main(argv=None) -> int:
             continue
         code = step(s)
         if code == -1 and phase == "compile":
-            s.say("compile: cut short by the budget; the graphs done are cached. Call again "
+            s.say("compile: still running, detached; the graphs done are cached. Call again "
                   "on the warm machine (within ~30 s, carry .gpu/b): python3 dev.py gpu "
-                  "--out \"$OUT\"")
+                  "--out \"$OUT\" follows it")
             return 1
         worst = worst or (1 if code else 0)
     if "docs" not in args.skip and any(p.startswith("vendor_blas") for p in s.record["phases"]):

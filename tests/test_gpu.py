@@ -285,6 +285,8 @@ def test_gpu_outputs_stay_on_the_device_and_feed_the_next_call():
 
 def test_gpu_mojo_kernel():
     kernels = pytest.importorskip("juju_kernels_mojo")
+    if not hasattr(kernels, "fma"):  # the repo's folder as a namespace package: not installed
+        pytest.skip("juju-kernels-mojo is not installed (dev.py gpu: --pack-kernels)")
     x, y, z = f32(16), f32(16), f32(16)
     got = juju.jit(lambda a, b, c: kernels.fma(a, b, c), engine=ENGINE)(x, y, z)
     np.testing.assert_allclose(juju.to_numpy(got), x * y + z, rtol=1e-6)

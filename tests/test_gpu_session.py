@@ -75,3 +75,29 @@ def test_a_fresh_machine_is_told_to_unpack_the_first_bundle(tmp_path, monkeypatc
     code = gpu_session.main(["--out", str(tmp_path / "out"), "--budget", "30"])
     assert code == 3
     assert "run the first device call (carry .gpu/a" in capsys.readouterr().out
+
+
+def test_a_detached_phase_outlives_its_call_and_the_next_call_follows_it(tmp_path, monkeypatch):
+    """A compile cut short by the budget keeps running (its own process
+    session); the next call follows it to its end instead of starting it
+    again, and reports its exit code."""
+    import argparse
+
+    monkeypatch.setattr(gpu_session, "STATE", tmp_path / "state")
+    marker = tmp_path / "started"
+    command = ["bash", "-c", f"echo x >> {marker}; sleep 3; echo done-compiling"]
+
+    def session(out):
+        args = argparse.Namespace(out=str(tmp_path / out), dry_run=True, budget=60.0,
+                                  python=None)
+        return gpu_session.Session(args)
+
+    first = session("one")
+    assert first.run_detached("compile", command, limit=0.5) == -1
+    assert first.record["phases"]["compile"]["status"] == "still running (detached)"
+    second = session("two")
+    assert second.run_detached("compile", command, limit=30) == 0
+    assert marker.read_text() == "x\n"  # started once
+    assert "done-compiling" in (tmp_path / "two" / "gpu-log.txt").read_text()
+    third = session("three")  # finished: a new call starts it again
+    assert third.run_detached("compile", ["bash", "-c", "exit 3"], limit=30) == 3

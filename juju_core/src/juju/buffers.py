@@ -111,7 +111,7 @@ def to_numpy(value) -> np.ndarray:
     if dtype.kind != "V":
         try:  # Buffer.to_numpy's checks cost ~0.4 us more (results are read per call)
             array = np.from_dlpack(value)
-        except RuntimeError:  # device memory: MAX copies it to the host
+        except (RuntimeError, BufferError):  # device memory: MAX copies it to the host
             return value.to_numpy()
         return array if array.flags.writeable else array.copy()
     carrier = _UINT_OF_SIZE[dtype.itemsize]
