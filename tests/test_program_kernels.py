@@ -600,3 +600,35 @@ def test_a_carried_buffer_is_updated_in_place():
     assert not any("range(0, 64000" in line for line in body)  # no whole-buffer pass per step
     got, want = juju.jit(_histories)(x), jax.jit(_histories)(x)
     assert_same(got, want, rtol=1e-6, atol=1e-6)
+
+
+def _passed_along(x):
+    """A while whose body's cond computes its results (sorts) and whose
+    inner while starts from a value computed in the body."""
+    def body(carry):
+        i, v = carry
+        w = lax.cond(i % 2 == 0, jnp.sort, lambda v: jnp.sort(-v), v)
+        inner = lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.sin(c[1])),
+                               (0, w * 0.5))
+        return i + 1, inner[1]
+
+    return lax.while_loop(lambda c: c[0] < 4, body, (0, x))
+
+
+def test_results_are_computed_where_they_are_passed_to():
+    """A cond's branches compute into the cond's results, a loop's body into
+    its carry, and a loop starts in the buffer of an initial value nothing
+    reads after it (XLA's buffer assignment), not in copies of them: one
+    whole-array copy per trip is left (the inner loop's start), and the
+    values are jax.jit's."""
+    import re
+
+    x = np.linspace(-1, 1, 1000).astype(np.float32)
+    lines = _program_source(_passed_along, x).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "while True:")
+    copy = re.compile(r"unsafe_store\(p_\w+\.unsafe_offset\([^()]*\)\.unsafe_load\[width=\d+\]\(\)\)$")
+    end = next(i for i in range(start, len(lines)) if lines[i].lstrip().startswith("r0["))
+    body = lines[start + 1:end]
+    assert sum(bool(copy.search(line)) for line in body) == 1, "\n".join(body)
+    got, want = juju.jit(_passed_along)(x), jax.jit(_passed_along)(x)
+    assert_same(got, want, rtol=1e-6, atol=1e-6)

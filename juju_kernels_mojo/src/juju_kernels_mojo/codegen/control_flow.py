@@ -49,8 +49,9 @@ def cond(emitter, prim, ins, outs, *, branches, **params):
         header = "else:" if last else f"{'if' if k == 0 else 'elif'} {which} == {k}:"
         if len(branches) == 1:
             header = "if True:"
-        with emitter.block(header):
-            for src, dst in zip(emitter.jaxpr(branch, operands), outs, strict=True):
+        with emitter.block(header):  # results computed straight into `outs`
+            for src, dst in zip(emitter.jaxpr(branch, operands, into=dict(enumerate(outs))),
+                                outs, strict=True):
                 emitter.copy(src, dst)
 
 

@@ -19,7 +19,7 @@ from jax.extend import core as jex_core
 
 from juju import fallback
 from juju import primitives as P
-from juju._compat import ShapedArray, is_key_dtype
+from juju._compat import ShapedArray, is_key_dtype, scan_layout
 from juju_ops_lax import rewrites as lax_rewrites
 from juju_kernels_mojo.codegen import complex_parts, control_flow, fusion, parts, prng, tasks
 from juju_kernels_mojo.codegen.mojo import (VECTOR_BYTES, Array, Const, Unsupported,
@@ -285,6 +285,7 @@ class Emitter:
             return stack
 
         start = 0
+        inputs = {*jaxpr.constvars, *jaxpr.invars, *(var for var, _ in inner_consts)}
         position = {id(e): i for i, e in enumerate(eqns)}
         last_use = {a: i for i, e in enumerate(eqns) for a in e.invars
                     if not isinstance(a, jex_core.Literal)}
@@ -307,9 +308,58 @@ class Emitter:
                 continue
             with located(eqn):
                 self.written(eqn, read, env, results,
-                             _updated_in_place(eqn, start, into, env, last_use, read))
+                             _updated_in_place(eqn, start, into, env, last_use, read)
+                             or self._destinations(eqn, start, outvars, into, env, last_use,
+                                                   inputs, read, results))
             start += 1
         return [read(a) for a in outvars]
+
+    def _destinations(self, eqn, index, outvars, into, env, last_use, inputs, read,
+                      results) -> list | None:
+        """The buffers `eqn` (not fused, not forwarded) writes its results
+        into where that saves a copy, as XLA's buffer assignment does; else
+        None (fresh ones):
+        - a result that is the jaxpr's output `j` goes straight into `into[j]`
+          (a loop's carry buffer, a cond's output) where nothing reads that
+          buffer's old value from this equation on;
+        - a while's or scan's carry starts in its initial value's buffer, not
+          a copy of it, where that value was computed in this jaxpr (never an
+          input: a loop's constants are read again next trip) and nothing
+          reads it after the loop."""
+        if results is not None or len(eqn.outvars) == 0:
+            return None
+        chosen: dict[int, Array] = {}
+        taken: list[Array] = []
+        if into:
+            for k, var in enumerate(eqn.outvars):
+                j = next((j for j, o in enumerate(outvars) if o is var), None)
+                buffer = into.get(j) if j is not None else None
+                if (isinstance(buffer, Array) and _fits(buffer, var.aval)
+                        and not any(_same(buffer, t) for t in taken)
+                        and all(last_use.get(v, -1) < index for v in _holders(env, buffer))):
+                    chosen[k] = buffer
+                    taken.append(buffer)
+        if eqn.primitive in (P.while_p, P.scan_p):
+            first, count = _carry_span(eqn)
+            ins = [read(a) for a in eqn.invars]
+            carries = into.values() if into else ()
+            for k in range(count):
+                buffer = ins[first + k]
+                if (k in chosen or not isinstance(buffer, Array)
+                        or not _fits(buffer, eqn.outvars[k].aval)
+                        or any(_same(buffer, t) for t in taken)
+                        or sum(isinstance(x, Array) and not _disjoint(x, buffer) for x in ins) != 1):
+                    continue
+                holders = _holders(env, buffer)
+                if (all(last_use.get(v, -1) <= index for v in holders)
+                        and (not any(v in inputs for v in holders)
+                             or any(isinstance(c, Array) and _same(c, buffer) for c in carries))):
+                    chosen[k] = buffer
+                    taken.append(buffer)
+        if not chosen:
+            return None
+        return [chosen.get(k) or self.value(v.aval.shape, v.aval.dtype)
+                for k, v in enumerate(eqn.outvars)]
 
     def forwarded(self, eqn, read):
         """`eqn`'s results bound without code (`FORWARDING`: calls'
@@ -525,6 +575,27 @@ def _updated_in_place(eqn, index: int, into, env, last_use, read) -> list | None
     return [buffer]
 
 
+def _holders(env, buffer) -> list:
+    """The variables bound to `buffer` (itself or a view of it)."""
+    return [v for v, x in env.items() if isinstance(x, Array) and not _disjoint(x, buffer)]
+
+
+def _fits(buffer, aval) -> bool:
+    return buffer.shape == tuple(aval.shape) and buffer.dtype == np.dtype(aval.dtype)
+
+
+def _carry_span(eqn) -> tuple[int, int]:
+    """(index of the first initial carry among `eqn`'s operands, how many),
+    for a while or a scan; the carries are its first outputs."""
+    if eqn.primitive is P.while_p:
+        first = eqn.params["cond_nconsts"] + eqn.params["body_nconsts"]
+        return first, len(eqn.outvars)
+    num_consts, num_carry = scan_layout(**{k: v for k, v in eqn.params.items()
+                                           if k in ("num_consts", "num_carry", "ft_in",
+                                                    "ft_out")})
+    return num_consts, num_carry
+
+
 def _same(a, b) -> bool:
     return (a.ptr, a.offset, a.shape) == (b.ptr, b.offset, b.shape)
 
@@ -554,7 +625,7 @@ def _in_place(outvars, position, into, members, env, last_use) -> dict:
     targets = {}
     for out_index, buffer in into.items():
         out = outvars[out_index]
-        if (out not in producer or out in targets or not isinstance(buffer, Array)
+        if (isinstance(out, jex_core.Literal) or out not in producer or out in targets or not isinstance(buffer, Array)
                 or tuple(out.aval.shape) != shape or buffer.shape != shape):
             continue
         holders = [v for v, x in env.items() if isinstance(x, Array)
