@@ -632,3 +632,35 @@ def test_results_are_computed_where_they_are_passed_to():
     assert sum(bool(copy.search(line)) for line in body) == 1, "\n".join(body)
     got, want = juju.jit(_passed_along)(x), jax.jit(_passed_along)(x)
     assert_same(got, want, rtol=1e-6, atol=1e-6)
+
+
+def _rows_gathered_and_scattered(x, idx):
+    """Rows gathered (clipped, and filled out of bounds), summed into
+    segments (duplicates and out-of-bounds ids dropped, as XLA does), set
+    (duplicates: the last wins), and a sum into a fill read afterwards."""
+    rows = jnp.take(x, idx, axis=0, mode="clip") * 2.0
+    filled = jnp.take(x, idx, axis=0, mode="fill", fill_value=-1.0)
+    sums = jax.ops.segment_sum(rows, idx, num_segments=x.shape[0])
+    again = jax.ops.segment_sum(filled, idx, num_segments=x.shape[0])
+    set_rows = jnp.zeros_like(x).at[idx].set(filled, mode="drop")
+    return sums, again, set_rows, filled
+
+
+def test_row_gathers_and_segment_sums_are_simd_and_update_in_place():
+    """Gathers and scatters whose rows are contiguous copy and add whole
+    rows in SIMD vectors, and a scatter into a fill computed for it (a
+    segment sum's zeros) updates that buffer, not a copy of it; the values
+    are jax.jit's, duplicate and out-of-bounds indices included."""
+    import re
+
+    x = rng.standard_normal((300, 40)).astype(np.float32)
+    idx = rng.integers(-20, 320, size=1000).astype(np.int32)
+    idx[:50] = 7  # many updates of one row
+    source = _program_source(_rows_gathered_and_scattered, x, idx)
+    assert re.search(r"unsafe_store\(.*\.unsafe_load\[width=\d+\]\(\) \+ p_\w+\.unsafe_offset\(",
+                     source), source
+    copy = re.compile(r"unsafe_store\(p_\w+\.unsafe_offset\([^()]*\)\.unsafe_load\[width=\d+\]\(\)\)$")
+    assert not any(copy.search(line) and line.lstrip().startswith("p_") and "range(0, 12000" in previous
+                   for previous, line in zip(source.splitlines(), source.splitlines()[1:]))
+    got = juju.jit(_rows_gathered_and_scattered)(x, idx)
+    assert_same(got, jax.jit(_rows_gathered_and_scattered)(x, idx), rtol=1e-6, atol=1e-5)

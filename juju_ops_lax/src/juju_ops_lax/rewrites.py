@@ -353,6 +353,10 @@ def repeats_merged(eqns: list, outvars: list):
         if e.effects or eqn_has_callbacks(e) or any(type(v).__name__ == "DropVar"
                                                     for v in e.outvars):
             return e
+        if e.primitive is P.broadcast_in_dim_p and not e.invars[0].aval.shape:
+            # A fill is written where it is used (XLA fuses it into each user):
+            # merged, every scatter or update into it would copy it first.
+            return e
         try:
             key = (e.primitive, tuple(map(_key, e.invars)),
                    tuple(sorted(e.params.items())))

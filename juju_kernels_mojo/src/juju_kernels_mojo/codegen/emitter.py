@@ -308,7 +308,7 @@ class Emitter:
                 continue
             with located(eqn):
                 self.written(eqn, read, env, results,
-                             _updated_in_place(eqn, start, into, env, last_use, read)
+                             _updated_in_place(eqn, start, into, env, last_use, read, inputs)
                              or self._destinations(eqn, start, outvars, into, env, last_use,
                                                    inputs, read, results))
             start += 1
@@ -342,18 +342,12 @@ class Emitter:
         if eqn.primitive in (P.while_p, P.scan_p):
             first, count = _carry_span(eqn)
             ins = [read(a) for a in eqn.invars]
-            carries = into.values() if into else ()
             for k in range(count):
                 buffer = ins[first + k]
-                if (k in chosen or not isinstance(buffer, Array)
-                        or not _fits(buffer, eqn.outvars[k].aval)
-                        or any(_same(buffer, t) for t in taken)
-                        or sum(isinstance(x, Array) and not _disjoint(x, buffer) for x in ins) != 1):
-                    continue
-                holders = _holders(env, buffer)
-                if (all(last_use.get(v, -1) <= index for v in holders)
-                        and (not any(v in inputs for v in holders)
-                             or any(isinstance(c, Array) and _same(c, buffer) for c in carries))):
+                if (k not in chosen and isinstance(buffer, Array)
+                        and _fits(buffer, eqn.outvars[k].aval)
+                        and not any(_same(buffer, t) for t in taken)
+                        and _reusable(buffer, index, env, last_use, inputs, into, ins)):
                     chosen[k] = buffer
                     taken.append(buffer)
         if not chosen:
@@ -551,28 +545,42 @@ def coalesce(shape, *strides_of) -> tuple:
     return dims, *merged
 
 
-def _updated_in_place(eqn, index: int, into, env, last_use, read) -> list | None:
-    """[the buffer] where `eqn`, a dynamic_update_slice of a loop's carry
-    buffer (`into`) that nothing reads after it, can update that buffer in
-    place, as XLA does, not a copy of it (diffrax's checkpoints: two
-    90x16384 copies per step); else None."""
-    if eqn.primitive is not P.dynamic_update_slice_p or not into:
+#: Equations that update their first operand: written into its buffer where
+#: nothing else needs it (`_reusable`).
+_UPDATES = {P.dynamic_update_slice_p, P.scatter_p, P.scatter_add_p, P.scatter_mul_p,
+            P.scatter_min_p, P.scatter_max_p}
+
+
+def _updated_in_place(eqn, index: int, into, env, last_use, read, inputs) -> list | None:
+    """[the buffer] where `eqn`, a dynamic_update_slice or a scatter, can
+    update its operand's buffer in place, as XLA does, not a copy of it: a
+    loop's carry (diffrax's checkpoints: two 90x16384 copies per step) or a
+    value computed in this jaxpr (a segment sum's zeros) that nothing reads
+    after it (`_reusable`); else None."""
+    if eqn.primitive not in _UPDATES:
         return None
     operand = eqn.invars[0]
     buffer = None if isinstance(operand, jex_core.Literal) else env.get(operand)
-    if not isinstance(buffer, Array) or not any(
-            isinstance(b, Array) and _same(b, buffer) for b in into.values()):
+    if not isinstance(buffer, Array) or not _fits(buffer, eqn.outvars[0].aval):
         return None
-    (out,) = eqn.outvars
-    if buffer.shape != tuple(out.aval.shape) or buffer.dtype != np.dtype(out.aval.dtype):
-        return None
-    holders = [v for v, x in env.items() if isinstance(x, Array) and _same(x, buffer)]
+    ins = [read(a) for a in eqn.invars]
+    return [buffer] if _reusable(buffer, index, env, last_use, inputs, into, ins) else None
+
+
+def _reusable(buffer, index, env, last_use, inputs, into, ins) -> bool:
+    """Whether the equation at `index` of a jaxpr, reading `ins`, may write
+    over `buffer`, one of them: nothing reads it after that equation, the
+    equation reads it once, and it is a loop's carry (`into`) or was
+    computed in this jaxpr (an input, a loop's constant say, is read again
+    next trip)."""
+    holders = _holders(env, buffer)
     if any(last_use.get(v, -1) > index for v in holders):
-        return None
-    others = [read(a) for a in eqn.invars[1:]]
-    if not all(_disjoint(x, buffer) for x in others if isinstance(x, Array)):
-        return None
-    return [buffer]
+        return False
+    if sum(isinstance(x, Array) and not _disjoint(x, buffer) for x in ins) != 1:
+        return False
+    if into and any(isinstance(c, Array) and _same(c, buffer) for c in into.values()):
+        return True
+    return not any(v in inputs for v in holders)
 
 
 def _holders(env, buffer) -> list:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from juju import primitives as P
-from juju_kernels_mojo.codegen.mojo import (Array, Const, Unsupported, add_offsets, index_expr,
-                                            literal)
+from juju_kernels_mojo.codegen.mojo import (VECTOR_BYTES, Array, Const, Unsupported, add_offsets,
+                                            index_expr, literal)
 from juju_kernels_mojo.codegen.mojo import strides as row_major
 
 
@@ -90,6 +90,20 @@ def gather(emitter, prim, ins, outs, *, dimension_numbers, slice_sizes, indices_
                 value = f"({value} if {ok} else {fill})"
             emitter.emit(f"{out.at(to)} = {value}")
 
+        run = _contiguous_run(window, len(src), dn.offset_dims, len(out_st), slice_sizes)
+        if run and isinstance(operand, Array):  # a row of the operand: SIMD copies
+            def row(w):
+                at = add_offsets(base, index_expr(w, [src[d] for d in window[:-1]]))
+                to = add_offsets(to_base, index_expr(w, [out_st[d] for d in dn.offset_dims[:-1]]))
+                with emitter.when([ok] if ok is not None else []):
+                    emitter.copy(operand.span(at, run), out.span(to, run))
+                if ok is not None:
+                    with emitter.block("else:"):
+                        emitter.copy(Const(_fill_value(operand.dtype, fill_value), (),
+                                           operand.dtype), out.span(to, run))
+
+            emitter.nest([slice_sizes[d] for d in window[:-1]], row)
+            return
         emitter.nest([slice_sizes[d] for d in window], inner)
 
     emitter.nest(indices.shape[:-1], body, parallel=True, work=out.size)
@@ -112,6 +126,10 @@ def scatter(emitter, prim, ins, outs, *, update_jaxpr, update_consts, dimension_
     size = {d: updates.shape[u] for d, u in zip(window, dn.update_window_dims)}
     scattered = [d for d in range(len(ust)) if d not in dn.update_window_dims]
     consts = [emitter.closed_const(c) for c in update_consts]
+    run = (_contiguous_run(window, len(st), dn.update_window_dims, len(ust),
+                           [size.get(d, 1) for d in range(len(st))])
+           if prim in (P.scatter_p, P.scatter_add_p) and out.dtype.kind in "fiu"
+           and isinstance(updates, Array) else 0)
 
     def body(batch):
         starts = [index_of(emitter, indices, batch, j)
@@ -134,13 +152,48 @@ def scatter(emitter, prim, ins, outs, *, update_jaxpr, update_consts, dimension_
                 (update,) = emitter.jaxpr(update_jaxpr, [*consts, target, update])
             emitter.copy(update, target)
 
+        def row(w):  # a row of the window at once (SIMD), replaced or added
+            to = add_offsets(base, index_expr(w, [st[d] for d in window[:-1]]))
+            at = add_offsets(from_base,
+                             index_expr(w, [ust[d] for d in dn.update_window_dims[:-1]]))
+            if prim is P.scatter_p:
+                emitter.copy(updates.span(at, run), out.span(to, run))
+            else:
+                _add_into(emitter, out.span(to, run), updates.span(at, run))
+
         # XLA drops an update window not wholly in bounds (CLIP clamped it)
         checks = [f"{s} >= 0 and {s} <= {hi}" for s, hi in zip(starts, highs)]
         with emitter.when(checks if mode != "CLIP" else []):
-            emitter.nest([size[d] for d in window], inner)
+            if run:
+                emitter.nest([size[d] for d in window[:-1]], row)
+            else:
+                emitter.nest([size[d] for d in window], inner)
 
     emitter.nest(indices.shape[:-1], body)
     emitter.work += updates.size
+
+
+def _contiguous_run(window, rank, out_dims, out_rank, sizes) -> int:
+    """The length of the window's last axis where it is contiguous on both
+    sides (the last axis of the sliced array and of the other), so a window
+    row is one SIMD copy; else 0 (elements one at a time)."""
+    if not window or window[-1] != rank - 1 or not out_dims or out_dims[-1] != out_rank - 1:
+        return 0
+    n = sizes[window[-1]]
+    return n if n >= 4 else 0
+
+
+def _add_into(emitter, dst: Array, src: Array) -> None:
+    """dst += src elementwise, in SIMD vectors (a segment sum's row)."""
+    width = VECTOR_BYTES // dst.dtype.itemsize
+    whole = dst.size - dst.size % width
+    k = emitter.fresh("k")
+    if whole:
+        with emitter.block(f"for {k} in range(0, {whole}, {width}):"):
+            emitter.emit(dst.store(k, f"{dst.load(k, width)} + {src.load(k, width)}"))
+    if whole < dst.size:
+        with emitter.block(f"for {k} in range({whole}, {dst.size}):"):
+            emitter.emit(f"{dst.at(k)} = {dst.at(k)} + {src.at(k)}")
 
 
 def element(x, at: str):
