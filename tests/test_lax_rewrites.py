@@ -422,3 +422,32 @@ def test_generated_kernels_merge_repeats_and_move_work_below_broadcasts(monkeypa
     assert_same(juju.jit(factored, tiered=False)(a), jax.jit(factored)(a), rtol=1e-4, atol=1e-4)
     x = rng.normal(size=(4, 6)).astype(np.float32)
     assert_same(juju.jit(counters, tiered=False)(x), jax.jit(counters)(x), rtol=1e-5, atol=1e-6)
+
+
+def squared_kernel_products(k, f, u, v):
+    """Sinkhorn's shape: elementwise work on transposes of a kernel matrix
+    (squared, scaled, exp of a sum of two transposes), then products."""
+    first = (jnp.transpose(k + f[:, None]) ** 2) @ u
+    second = jnp.exp(0.1 * (jnp.transpose(3.0 * k) + jnp.transpose(k))) @ v
+    return first, second, jnp.transpose(k - 1.0) * 2.0  # no product: a transpose stays
+
+
+def test_elementwise_work_moves_above_transposes_into_the_products():
+    """In generated kernels (as the generator applies it): elementwise work
+    on transposes is done on their operands and the one transpose of the
+    result folds into the product, so no transpose is left before them;
+    the program matches jax.jit."""
+    from juju_ops_lax.rewrites import above_transposes, transposes_folded
+
+    k = rng.normal(size=(48, 40)).astype(np.float32)
+    f, u, v = (rng.normal(size=n).astype(np.float32) for n in (48, 48, 48))
+    closed = jax.make_jaxpr(squared_kernel_products)(k, f, u, v)
+    moved = _as_generated(closed, lambda eqns, outvars: (
+        transposes_folded(above_transposes(eqns, outvars), outvars), outvars))
+    before, after = _primitive_names(closed.jaxpr, []), _primitive_names(moved.jaxpr, [])
+    assert before.count("transpose") == 4 and after.count("transpose") == 1, after
+    assert_same(jax.core.eval_jaxpr(moved.jaxpr, moved.consts, k, f, u, v),
+                jax.core.eval_jaxpr(closed.jaxpr, closed.consts, k, f, u, v),
+                rtol=1e-5, atol=1e-5)  # the folded products sum in another order
+    assert_same(juju.jit(squared_kernel_products, tiered=False)(k, f, u, v),
+                jax.jit(squared_kernel_products)(k, f, u, v), rtol=1e-5, atol=1e-5)

@@ -507,10 +507,12 @@ def test_factorizations_call_lapack():
                  *jnp.linalg.qr(wide.T[:, :60], mode="complete"), jnp.linalg.qr(wide, mode="r")]
         return outs
 
-    args = (rng.standard_normal((128, 128)).astype(np.float32),
-            rng.standard_normal((128, 20)).astype(np.float32),
-            rng.standard_normal((128, 512)).astype(np.float32),  # solves split (BLAS_PARALLEL_MIN)
-            rng.standard_normal((3, 40, 40)).astype(np.float32))
+    # Its own draw: the module's rng's state depends on which tests ran before.
+    draw = np.random.default_rng(11)
+    args = (draw.standard_normal((128, 128)).astype(np.float32),
+            draw.standard_normal((128, 20)).astype(np.float32),
+            draw.standard_normal((128, 512)).astype(np.float32),  # solves split (BLAS_PARALLEL_MIN)
+            draw.standard_normal((3, 40, 40)).astype(np.float32))
     source = _program_source(program, *args)
     calls = lambda name: source.count(f"{name}[") - 1  # less the definition
     assert calls("lapack_potrf") == 3 and calls("lapack_getrf") == 5
@@ -518,7 +520,10 @@ def test_factorizations_call_lapack():
     assert calls("blas_trsm") == 22
     got, want = juju.jit(program)(*args), jax.jit(program)(*args)
     assert np.isnan(np.asarray(want[1])).any()
-    assert_same(got, want, rtol=2e-4, atol=2e-4)
+    # atol 2e-3: the last rows of a 128x512 LU and QR in float32 differ by up
+    # to 1e-3 (six draws) once juju's BLAS kernels (AVX-512) are not those of
+    # the OpenBLAS jaxlib's LAPACK calls; the other outputs agree to 2e-4.
+    assert_same(got, want, rtol=2e-4, atol=2e-3)
 
 
 def _signs_fixed(vectors):
@@ -664,3 +669,26 @@ def test_row_gathers_and_segment_sums_are_simd_and_update_in_place():
                    for previous, line in zip(source.splitlines(), source.splitlines()[1:]))
     got = juju.jit(_rows_gathered_and_scattered)(x, idx)
     assert_same(got, jax.jit(_rows_gathered_and_scattered)(x, idx), rtol=1e-6, atol=1e-5)
+
+
+def _decoder_attention(q, cache_k, cache_v):
+    """One decoding step's attention over a [B, T, H, D] cache: q . K and
+    p . V, each a matrix-vector product per (batch, head)."""
+    scores = jnp.einsum("bhd,bthd->bht", q, cache_k) / 8.0
+    return jnp.einsum("bht,bthd->bhd", jax.nn.softmax(scores), cache_v)
+
+
+def test_matrix_vector_products_read_a_cache_where_it_lies():
+    """A product whose matrix would have to be copied to a BLAS layout, and
+    whose elements are each used once (a decoder's q . K), is written as
+    loops that read the cache in place, not a copy of it per call."""
+    from juju_kernels_mojo import blas
+
+    q = rng.standard_normal((4, 8, 32)).astype(np.float32)
+    k, v = (rng.standard_normal((4, 256, 8, 32)).astype(np.float32) for _ in range(2))
+    source = _program_source(_decoder_attention, q, k, v)
+    if blas.find() is not None:
+        assert "blas_gemv[DType" not in source and "blas_gemm[DType" not in source
+    assert "range(0, 65536" not in source and "range(65536)" not in source  # no copy of K, V
+    got = juju.jit(_decoder_attention)(q, k, v)
+    assert_same(got, jax.jit(_decoder_attention)(q, k, v), rtol=1e-5, atol=1e-6)

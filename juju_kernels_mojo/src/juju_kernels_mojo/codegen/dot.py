@@ -27,6 +27,9 @@ BLAS_MIN_WORK = 1 << 14
 #: steps split 1.5M-multiply-add products ran 6x jax.jit).
 BLAS_PARALLEL_MIN = 1 << 23
 BLAS_PARALLEL_MIN_IN_LOOP = 1 << 23
+#: A product whose operand must be copied to a BLAS layout first calls the
+#: BLAS only where each copied element is used this many times (min(m, n)).
+COPY_MIN_REUSE = 8
 
 
 def dot_general(emitter, prim, ins, outs, *, dimension_numbers, precision=None,
@@ -153,6 +156,11 @@ def _gemm(emitter, lhs, rhs, out, dimension_numbers) -> bool:
     n = math.prod(rhs.shape[d] for d in _free(rhs, rb, rc))
     ta = _matrix(len(lhs.shape), lb, lc, contract_last=True)
     tb = _matrix(len(rhs.shape), rb, rc, contract_last=False)
+    if (ta is None or tb is None) and min(m, n) < COPY_MIN_REUSE:
+        # Each element of the copy would be used min(m, n) times: the loops
+        # read it where it lies (a decoder's step: q . K of a [B, T, H, D]
+        # cache, m = 1, copied whole each token ran 2.7x jax.jit).
+        return False
     if ta is None:  # e.g. attention's [B, T, H, D] heads: copied as [B, H, T, D] first
         lhs, ta = canonical(emitter, lhs, [*lb, *_free(lhs, lb, lc), *lc]), False
     if tb is None:

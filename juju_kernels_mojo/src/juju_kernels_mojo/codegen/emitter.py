@@ -268,6 +268,9 @@ class Emitter:
         # as XLA's CSE and simplifier do.
         eqns, outvars, _ = lax_rewrites.repeats_merged(eqns, outvars)
         eqns = lax_rewrites.below_broadcasts(eqns, outvars)
+        # Transposes moved up to the products that read them, and folded.
+        eqns = lax_rewrites.transposes_folded(lax_rewrites.above_transposes(eqns, outvars),
+                                              outvars)
         for var, value in inner_consts:
             env[var] = self.closed_const(value)
 
