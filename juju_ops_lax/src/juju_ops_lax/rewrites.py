@@ -400,22 +400,31 @@ def below_broadcasts(eqns: list, outvars) -> list:
     batch and took integer remainders and quotients of every copy, each
     iteration (16k elements x 200 iterations of scalar division: 8x
     jax.jit)."""
-    broadcasts, out, changed = {}, [], False
+    return _moved_across(eqns, outvars, _before_broadcast, lambda e: (
+        e.primitive is P.broadcast_in_dim_p and len(e.invars) == 1))
+
+
+def _moved_across(eqns: list, outvars, move, is_source) -> list:
+    """`eqns` with each equation that `move(e, sources)` rewrites as [e on
+    its sources' operands, one source op of its result] so replaced (the
+    sources: equations that `is_source`, or such results of a move), and
+    the sources no longer read dropped; `eqns` itself where nothing moved."""
+    sources, out, changed = {}, [], False
     for e in eqns:
-        moved = _before_broadcast(e, broadcasts)
+        moved = move(e, sources)
         if moved is None:
             out.append(e)
-            if e.primitive is P.broadcast_in_dim_p and len(e.invars) == 1:
-                broadcasts[e.outvars[0]] = e
+            if is_source(e):
+                sources[e.outvars[0]] = e
             continue
         out += moved
-        broadcasts[moved[1].outvars[0]] = moved[1]
+        sources[moved[1].outvars[0]] = moved[1]
         changed = True
     if not changed:
         return eqns
     read = {a for a in outvars if isinstance(a, Var)}
     kept = []
-    for e in reversed(out):  # unread pure equations (the old broadcasts) dropped
+    for e in reversed(out):  # unread pure equations (the old sources) dropped
         if e.effects or any(v in read for v in e.outvars) or eqn_has_callbacks(e):
             kept.append(e)
             read.update(a for a in e.invars if isinstance(a, Var))
@@ -433,26 +442,8 @@ def above_transposes(eqns: list, outvars) -> list:
     `eqns` itself where nothing moved."""
     uses = Counter(v for e in eqns for v in e.invars if isinstance(v, Var))
     uses.update(v for v in outvars if isinstance(v, Var))
-    transposes, out, changed = {}, [], False
-    for e in eqns:
-        moved = _before_transpose(e, transposes, uses)
-        if moved is None:
-            out.append(e)
-            if e.primitive is P.transpose_p:
-                transposes[e.outvars[0]] = e
-            continue
-        out += moved
-        transposes[moved[1].outvars[0]] = moved[1]
-        changed = True
-    if not changed:
-        return eqns
-    read = {a for a in outvars if isinstance(a, Var)}
-    kept = []
-    for e in reversed(out):  # the transposes no longer read dropped
-        if e.effects or any(v in read for v in e.outvars) or eqn_has_callbacks(e):
-            kept.append(e)
-            read.update(a for a in e.invars if isinstance(a, Var))
-    return kept[::-1]
+    return _moved_across(eqns, outvars, lambda e, found: _before_transpose(e, found, uses),
+                         lambda e: e.primitive is P.transpose_p)
 
 
 def _before_transpose(e, transposes, uses):
