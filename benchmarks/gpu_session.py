@@ -106,11 +106,8 @@ class Session:
                 self.log.write(line)
             code = p.wait()
             timer.cancel()
-        took = time.monotonic() - start
-        status = "timed out" if timer.fired else ("ok" if code == 0 else f"exit {code}")
-        self.record["phases"][phase] = {"seconds": round(took, 1), "status": status}
-        self.say(f"{phase}: {status} after {took:.0f} s ({self.left():.0f} s of the budget left)")
-        self.save()
+        self._ended(phase, start,
+                    "timed out" if timer.fired else ("ok" if code == 0 else f"exit {code}"))
         return -1 if timer.fired else code
 
     def run_detached(self, phase: str, command: list[str], limit: float) -> int:
@@ -146,13 +143,17 @@ class Session:
                 code, status = -1, "still running (detached)"
                 break
             time.sleep(2)
+        for kept in self.kept.glob("*.compile.json"):  # written there: it outlives $OUT
+            shutil.copy2(kept, self.out / kept.name)
+        self._ended(phase, start, status)
+        return code
+
+    def _ended(self, phase: str, start: float, status: str) -> None:
+        """A phase's time and status: recorded, said and saved."""
         took = time.monotonic() - start
         self.record["phases"][phase] = {"seconds": round(took, 1), "status": status}
         self.say(f"{phase}: {status} after {took:.0f} s ({self.left():.0f} s of the budget left)")
-        for kept in self.kept.glob("*.compile.json"):  # written there: it outlives $OUT
-            shutil.copy2(kept, self.out / kept.name)
         self.save()
-        return code
 
     def _follow(self, log_file: Path, offset: int) -> int:
         with open(log_file) as source:

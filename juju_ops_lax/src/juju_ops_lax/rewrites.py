@@ -18,12 +18,13 @@ keeps `x @ w.T` free of a copy (`juju_ops_lax.dot`'s transposed-B form).
 equations of a loop body that read only the loop's constants move before
 the loop (`hoist_loop_invariants`).
 
-Two passes run in generated kernels only, on each jaxpr after its calls
+Some passes run in generated kernels only, on each jaxpr after its calls
 are inlined (codegen/emitter.py), not among the pack's passes: repeats
-merged (`repeats_merged`, XLA's CSE) and elementwise work moved below
-broadcasts (`below_broadcasts`). On the whole program they changed what
-juju-ops-nn's fused patterns (softmax, layer norm) match, and the MAX
-graphs of the kernel pack's tests no longer compiled.
+merged (`repeats_merged`, XLA's CSE), elementwise work moved below
+broadcasts (`below_broadcasts`) and above transposes (`above_transposes`,
+then `transposes_folded` into the products). On the whole program the
+first two changed what juju-ops-nn's fused patterns (softmax, layer norm)
+match, and the MAX graphs of the kernel pack's tests no longer compiled.
 """
 
 from __future__ import annotations
@@ -77,8 +78,13 @@ def _inside(value, rewrite):
 
 def _uses(jaxpr) -> Counter:
     """How many times each variable is read (equations and outputs)."""
-    uses = Counter(v for e in jaxpr.eqns for v in e.invars if isinstance(v, Var))
-    uses.update(v for v in jaxpr.outvars if isinstance(v, Var))
+    return _reads(jaxpr.eqns, jaxpr.outvars)
+
+
+def _reads(eqns: list, outvars) -> Counter:
+    """How many times each variable is read by `eqns` and as an output."""
+    uses = Counter(v for e in eqns for v in e.invars if isinstance(v, Var))
+    uses.update(v for v in outvars if isinstance(v, Var))
     return uses
 
 
@@ -144,8 +150,7 @@ def fold_transposed_operands(closed: ClosedJaxpr) -> ClosedJaxpr:
 def transposes_folded(eqns: list, outvars) -> list:
     """`eqns` with each transpose that only a dot_general reads folded into
     that dot's dimension numbers (`eqns` itself where none is)."""
-    uses = Counter(v for e in eqns for v in e.invars if isinstance(v, Var))
-    uses.update(v for v in outvars if isinstance(v, Var))
+    uses = _reads(eqns, outvars)
     transposes = {e.outvars[0]: e for e in eqns if e.primitive is P.transpose_p}
     replaced, gone = {}, set()
     for e in eqns:
@@ -440,8 +445,7 @@ def above_transposes(eqns: list, outvars) -> list:
     (ott's Sinkhorn squared a transposed 512x640 kernel each iteration
     before a matrix-vector product: a scalar transpose per step).
     `eqns` itself where nothing moved."""
-    uses = Counter(v for e in eqns for v in e.invars if isinstance(v, Var))
-    uses.update(v for v in outvars if isinstance(v, Var))
+    uses = _reads(eqns, outvars)
     return _moved_across(eqns, outvars, lambda e, found: _before_transpose(e, found, uses),
                          lambda e: e.primitive is P.transpose_p)
 

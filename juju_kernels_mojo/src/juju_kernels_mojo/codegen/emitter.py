@@ -636,7 +636,8 @@ def _in_place(outvars, position, into, members, env, last_use) -> dict:
     targets = {}
     for out_index, buffer in into.items():
         out = outvars[out_index]
-        if (isinstance(out, jex_core.Literal) or out not in producer or out in targets or not isinstance(buffer, Array)
+        if (isinstance(out, jex_core.Literal) or out not in producer or out in targets
+                or not isinstance(buffer, Array)
                 or tuple(out.aval.shape) != shape or buffer.shape != shape):
             continue
         holders = [v for v, x in env.items() if isinstance(x, Array)

@@ -7,7 +7,7 @@ import numpy as np
 
 from juju import primitives as P
 from juju_kernels_mojo.codegen.mojo import (VECTOR_BYTES, Array, Const, Unsupported, add_offsets,
-                                            index_expr, literal)
+                                            index_expr)
 from juju_kernels_mojo.codegen.mojo import strides as row_major
 
 
@@ -63,7 +63,7 @@ def gather(emitter, prim, ins, outs, *, dimension_numbers, slice_sizes, indices_
     batch_st = [out_st[d] for d in range(len(out_st)) if d not in dn.offset_dims]
     fill = None
     if mode == "FILL_OR_DROP":  # a slice not wholly in bounds reads fill_value
-        fill = literal(_fill_value(operand.dtype, fill_value), operand.dtype)
+        fill = Const(_fill_value(operand.dtype, fill_value), (), operand.dtype)
 
     def body(batch):
         starts = [index_of(emitter, indices, batch, j) for j in range(len(dn.start_index_map))]
@@ -87,7 +87,7 @@ def gather(emitter, prim, ins, outs, *, dimension_numbers, slice_sizes, indices_
             to = add_offsets(to_base, index_expr(w, [out_st[d] for d in dn.offset_dims]))
             value = operand.at(at)
             if ok is not None:
-                value = f"({value} if {ok} else {fill})"
+                value = f"({value} if {ok} else {fill.at('0')})"
             emitter.emit(f"{out.at(to)} = {value}")
 
         run = _contiguous_run(window, len(src), dn.offset_dims, len(out_st), slice_sizes)
@@ -99,8 +99,7 @@ def gather(emitter, prim, ins, outs, *, dimension_numbers, slice_sizes, indices_
                     emitter.copy(operand.span(at, run), out.span(to, run))
                 if ok is not None:
                     with emitter.block("else:"):
-                        emitter.copy(Const(_fill_value(operand.dtype, fill_value), (),
-                                           operand.dtype), out.span(to, run))
+                        emitter.copy(fill, out.span(to, run))
 
             emitter.nest([slice_sizes[d] for d in window[:-1]], row)
             return
