@@ -5,6 +5,7 @@ and a transpose feeding a dot_general folds into its dimension numbers."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import juju
 from juju_ops_lax.rewrites import fold_transposed_dots, fold_transposed_operands
@@ -451,3 +452,29 @@ def test_elementwise_work_moves_above_transposes_into_the_products():
                 rtol=1e-5, atol=1e-5)  # the folded products sum in another order
     assert_same(juju.jit(squared_kernel_products, tiered=False)(k, f, u, v),
                 jax.jit(squared_kernel_products)(k, f, u, v), rtol=1e-5, atol=1e-5)
+
+
+def one_element_reductions(x, b, i):
+    """Reductions over axes of size 1 (a keepdims sum over a broadcast's new
+    axis, as the fuzzer drew it) of -0.0, denormals, infinities and NaN."""
+    wide = jnp.broadcast_to(x, (2, *x.shape))
+    return (jnp.sum(wide[:, :, None], axis=2, keepdims=True), jnp.sum(x, axis=1),
+            jnp.max(x, axis=1), jnp.min(x[:, :, None], axis=(1, 2)), jnp.prod(x, axis=1),
+            jnp.any(b, axis=0), jnp.all(b, axis=0), jnp.sum(i, axis=0))
+
+
+@pytest.mark.parametrize("kernels", ["1", "0"], ids=["generated kernel", "MAX ops"])
+def test_one_element_reductions_are_reshapes_and_keep_the_element(kernels, monkeypatch):
+    from juju_ops_lax.rewrites import everywhere, fold_one_element_reductions
+
+    x = np.array([[-0.0], [1e-45], [-1e-45], [np.inf], [np.nan], [-3.0]], np.float32)
+    b, i = np.array([[True, False]]), np.array([[-2, 7]], np.int32)
+    closed = everywhere(fold_one_element_reductions)(jax.make_jaxpr(one_element_reductions)(x, b, i))
+    assert not [e for e in closed.jaxpr.eqns if e.primitive.name.startswith("reduce_")]
+    monkeypatch.setenv("JUJU_PROGRAM_KERNELS", kernels)
+    got = juju.jit(one_element_reductions, tiered=False)(x, b, i)
+    for g, w in zip(got, jax.jit(one_element_reductions)(x, b, i), strict=True):
+        g, w = juju.to_numpy(g), np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g, w)  # denormals kept, as XLA keeps the element
+        np.testing.assert_array_equal(np.signbit(g), np.signbit(w))

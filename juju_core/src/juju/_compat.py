@@ -84,6 +84,15 @@ def arithmetic_params(primitive) -> dict:
     return dict(_ARITHMETIC_PARAMS[primitive])
 
 
+def reshape_params(new_sizes) -> dict:
+    """The params jax gives a `reshape` to `new_sizes` that a rewrite
+    writes (their names and defaults vary between releases)."""
+    if "reshape" not in _ARITHMETIC_PARAMS:
+        jaxpr = jax.make_jaxpr(lambda x: jax.lax.reshape(x, (1,)))(np.float32(0)).jaxpr
+        _ARITHMETIC_PARAMS["reshape"] = dict(jaxpr.eqns[0].params)
+    return {**_ARITHMETIC_PARAMS["reshape"], "new_sizes": tuple(new_sizes)}
+
+
 def canonical_dtype(dtype) -> np.dtype:
     """The dtype jax.jit computes in for an input of `dtype` (x64 aware)."""
     return jax.dtypes.canonicalize_dtype(dtype)

@@ -54,4 +54,5 @@ def juju_jaxpr_rewrites():
                                              rewrites.fold_reduced_broadcasts,
                                              rewrites.fold_constant_powers,
                                              rewrites.fold_trivial_selects,
+                                             rewrites.fold_one_element_reductions,
                                              rewrites.hoist_loop_invariants)]

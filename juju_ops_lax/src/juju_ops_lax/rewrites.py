@@ -14,7 +14,8 @@ keeps `x @ w.T` free of a copy (`juju_ops_lax.dot`'s transposed-B form).
 
 `reduce(broadcast_in_dim(x))` becomes `broadcast_in_dim(reduce(x))`,
 `pow(x, c)` of a known c in (2, 1, -1) becomes `x * x`, `x` and `1 / x`,
-`select_n(p, x, x)` becomes `x`, and
+`select_n(p, x, x)` becomes `x`, a reduction over axes of size 1 a
+reshape, and
 equations of a loop body that read only the loop's constants move before
 the loop (`hoist_loop_invariants`).
 
@@ -36,7 +37,7 @@ import numpy as np
 
 from juju import inlining
 from juju import primitives as P
-from juju._compat import ClosedJaxpr, Jaxpr, Literal, Var, arithmetic_params
+from juju._compat import ClosedJaxpr, Jaxpr, Literal, Var, arithmetic_params, reshape_params
 from juju.callback_lifting import eqn_has_callbacks
 
 
@@ -344,6 +345,28 @@ def fold_trivial_selects(closed: ClosedJaxpr) -> ClosedJaxpr:
         same = isinstance(first, Var) and all(c is first for c in e.invars[2:])
         return first if same and first.aval.shape == e.outvars[0].aval.shape else e
 
+    return _simplified(closed, simplify)
+
+
+_REDUCTIONS = (P.reduce_sum_p, P.reduce_prod_p, *_IDEMPOTENT)
+
+
+def fold_one_element_reductions(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """A sum, product, max, min, and or or over axes of size 1 becomes a
+    reshape of its operand, as XLA's simplifier makes it: the element
+    itself, -0.0 and denormals included, where `0 + x` gave +0.0 and a
+    flushed denormal (a `keepdims` sum over a broadcast's new axis)."""
+    def simplify(e):
+        if e.primitive not in _REDUCTIONS:
+            return e
+        x = e.invars[0]
+        if any(x.aval.shape[a] != 1 for a in e.params["axes"]):
+            return e
+        shape = e.outvars[0].aval.shape
+        return e.replace(primitive=P.reshape_p, params=reshape_params(shape))
+
+    if not any(e.primitive in _REDUCTIONS for e in closed.jaxpr.eqns):
+        return closed
     return _simplified(closed, simplify)
 
 
