@@ -6,10 +6,10 @@
    runs in a fresh process, compiled ahead of the measurement: the argument
    a numpy or a jax array, donated or not, on MAX (`tiered=False`) or on the
    XLA tier's first call (`tiered=True`), and jax.jit for reference.
-2. A training loop: an MLP's SGD step (params donated or not) for
-   `--steps` steps; resident memory every 100 steps, for a step MAX runs as
-   a graph (1024-wide layers) and one run natively as a generated kernel
-   (32-wide layers).
+2. A training loop: an MLP's SGD step with momentum (params and velocity
+   donated or not) for `--steps` steps; resident memory every 100 steps,
+   for a step MAX runs as a graph (1024-wide layers) and one run natively
+   as a generated kernel (32-wide layers).
 
 Options: --gib (argument size), --steps, --only call|loop, --engines, --json FILE.
 """
@@ -73,21 +73,23 @@ LOOP = textwrap.dedent(
     rng = np.random.default_rng(0)
     params = [jnp.asarray(rng.standard_normal(s).astype(np.float32) * 0.05)
               for s in ((width, width), (width,), (width, width), (width,))]
+    velocity = [jnp.zeros_like(p) for p in params]
     batch = jnp.asarray(rng.standard_normal((32, width)).astype(np.float32))
 
-    def step(params, batch):
+    def step(params, velocity, batch):  # SGD with momentum
         def loss(p):
             h = jnp.tanh(batch @ p[0] + p[1])
             return jnp.mean((h @ p[2] + p[3] - 1.0) ** 2)
         grads = jax.grad(loss)(params)
-        return [p - 0.01 * g for p, g in zip(params, grads)], loss(params)
+        velocity = [0.9 * v + g for v, g in zip(velocity, grads)]
+        return [p - 0.01 * v for p, v in zip(params, velocity)], velocity, loss(params)
 
     fn = juju.jit(step, tiered=False, coerces_to_jnp=True,
-                  **(dict(donate_argnums=0) if donate else {}))
-    params, _ = fn(params, batch)  # compile
+                  **(dict(donate_argnums=(0, 1)) if donate else {}))
+    params, velocity, _ = fn(params, velocity, batch)  # compile
     trace, start = [], rss()
     for i in range(1, steps + 1):
-        params, loss = fn(params, batch)
+        params, velocity, loss = fn(params, velocity, batch)
         if i % 100 == 0:
             trace.append(round(rss() - start, 1))
     native = type(next(iter(fn.executables.values())).model).__name__ == "NativeProgram"

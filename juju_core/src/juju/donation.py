@@ -8,6 +8,12 @@ mutable buffer and stores the result into it (`juju.interpreter`), and a
 pack's program runner that can write it in place does (`juju.runners`):
 the result is then the argument's memory, and no new buffer is allocated.
 
+A MAX graph stores only into the arguments that elementwise equations
+alone read (`stored_in_graph`): MAX's `buffer_load` is a copy unless it
+fuses into the store's kernel, so a parameter a product also reads would be
+copied whole each call and save nothing; its result gets memory of its own
+and the argument is deleted after the call all the same.
+
 After the call, each donated jax array that was matched is deleted
 (`x.is_deleted()`; using it raises jax's error), as `jax.jit` deletes them;
 one that matches no result is kept, with jax's warning "Some donated buffers
@@ -68,6 +74,38 @@ def alias_plan(closed_jaxpr, donated) -> tuple[tuple[int, int], ...]:
     return tuple(plan)
 
 
+#: Equations MAX fuses with a `buffer_store` of their result: the argument is
+#: read element by element where it is written.
+_ELEMENTWISE = frozenset("""
+    abs add and atan2 cbrt ceil clamp convert_element_type copy copy_p cos cosh div eq
+    erf erf_inv erfc exp exp2 expm1 floor ge gt imag integer_pow is_finite le lgamma
+    log log1p logistic lt max min mul ne neg nextafter not or pow real reduce_precision
+    rem round rsqrt select_n sign sin sinh sqrt square sub tan tanh xor
+""".split())
+
+
+def stored_in_graph(closed_jaxpr, aliases) -> tuple[tuple[int, int], ...]:
+    """The `aliases` pairs a MAX graph stores in place: those whose argument
+    only elementwise equations of its shape read (an optimizer's moments,
+    not weights a product reads too)."""
+    if not aliases:
+        return ()
+    jaxpr = closed_jaxpr.jaxpr
+    readers: dict = {}
+    for e in jaxpr.eqns:
+        for v in e.invars:
+            readers.setdefault(id(v), []).append(e)
+    returned = {id(v) for v in jaxpr.outvars}
+
+    def fused(var) -> bool:
+        return id(var) not in returned and all(
+            e.primitive.name in _ELEMENTWISE
+            and all(o.aval.shape == var.aval.shape for o in e.outvars)
+            for e in readers.get(id(var), ()))
+
+    return tuple((j, k) for j, k in aliases if fused(jaxpr.invars[j]))
+
+
 def _layout(aval):
     """(shape, dtype) of an aval's buffer; None where it cannot be shared
     (complex results come back converted; symbolic shapes vary)."""
@@ -89,21 +127,25 @@ def warn_unusable(closed_jaxpr, donated, plan, stacklevel: int = 3) -> None:
                       stacklevel=stacklevel)
 
 
-def take_buffers(leaves, buffers, aliases, name: str) -> None:
+def check_not_repeated(leaves, donated, name: str) -> None:
+    """Raise ValueError where a donated argument is passed twice."""
+    for j, _ in donated:
+        if any(other is leaves[j] for i, other in enumerate(leaves) if i != j):
+            raise ValueError(
+                f"juju.jit({name}): argument {j} (flat) is donated and passed again as "
+                "another argument of the same call; pass a copy, or do not donate it")
+
+
+def take_buffers(leaves, buffers, aliases) -> None:
     """Make each aliased argument's buffer one a result may overwrite: a
     donated MAX buffer or jax array's own (the array is deleted after the
-    call), a copy of anything else's (a numpy array, a scalar). Raises
-    ValueError where a donated argument is passed twice."""
+    call), a copy of anything else's (a numpy array, a scalar)."""
     Buffer = max_driver().Buffer
     import jax
 
     copied = None
     for j, _ in aliases:
         leaf = leaves[j]
-        if any(other is leaf for i, other in enumerate(leaves) if i != j):
-            raise ValueError(
-                f"juju.jit({name}): argument {j} (flat) is donated and passed again as "
-                "another argument of the same call; pass a copy, or do not donate it")
         if not isinstance(leaf, (Buffer, jax.Array)):  # numpy memory stays the caller's
             buffers[j] = copied = buffers[j].copy()
     if copied is not None:  # MAX copies asynchronously; a pack's kernel reads it now

@@ -8,7 +8,7 @@ from jax import tree_util
 from juju._compat import wrap_key_data
 from juju.arguments import to_buffer, to_jax, to_jax_all, to_numpy
 from juju.buffers import unshare
-from juju.donation import delete_donated, place, take_buffers
+from juju.donation import check_not_repeated, delete_donated, place, take_buffers
 from juju.dtypes import complex_from_parts
 
 
@@ -46,8 +46,10 @@ class Executable:
     def run(self, leaves):
         device = self.device
         buffers = [to_buffer(x, d, device) for x, d in zip(leaves, self.in_dtypes)]
+        if self.donated:
+            check_not_repeated(leaves, self.donated, self.name)
         if self.aliases:  # results go into these buffers: ours to overwrite
-            take_buffers(leaves, buffers, self.aliases, self.name)
+            take_buffers(leaves, buffers, self.aliases)
         outs = self._execute(buffers)
         if not self.fresh_outputs:
             unshare(outs, buffers, self.in_nbytes)

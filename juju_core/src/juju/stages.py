@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from jax import tree_util
 
-from juju import plugins, tiers
+from juju import donation, plugins, tiers
 from juju._compat import api_boundary, is_complex_dtype, is_key_dtype, key_impl
 from juju.arguments import TracerSeen, input_nbytes, leaf_signature
 from juju.compile_pool import max_building, register_exit_handler
@@ -137,8 +137,14 @@ class Lowered:
             kernel_paths=self.kernel_paths,
             libraries=self.kernel_names,
             module=module,
-            aliases=self.aliases,
+            aliases=self.stored,
         )
+
+    @functools.cached_property
+    def stored(self) -> tuple:
+        """The `aliases` pairs the MAX graph stores in place
+        (`juju.donation.stored_in_graph`)."""
+        return donation.stored_in_graph(self.closed_jaxpr, self.aliases)
 
     @property
     def graph(self):
@@ -410,7 +416,7 @@ def load_executables(lowered: Sequence[Lowered]) -> list[Compiled]:
             model, low.in_dtypes, low.out_tree, fn.coerces_to_jnp, fn.engine.device,
             low.out_key_impls, low.out_complex, input_nbytes(low.closed_jaxpr),
             fresh_outputs=i in direct, donated=low.aliases, name=describe(fn.fun),
-            aliases=_taken(model, low.aliases) if i in direct else low.aliases,
+            aliases=_taken(model, low.aliases) if i in direct else low.stored,
         )
         low.__dict__.pop("_graph", None)  # compiled: free the MLIR (built again on demand)
     return [Compiled(low, low.jit_function.executables[low.key]) for low in lowered]
