@@ -13,9 +13,11 @@ CALLS = frozenset({P.jit_p, P.custom_jvp_call_p, P.custom_vjp_call_p, P.remat_p,
                    *call_primitives})
 
 
-def inlined(jaxpr, calls=CALLS):
+def inlined(jaxpr, calls=CALLS, expand=None):
     """(eqns, outvars, consts, origins): `jaxpr` (open) with every call of a
-    primitive in `calls` (at any depth) replaced by its body's equations,
+    primitive in `calls` (at any depth), and every equation for which
+    `expand(eqn)` gives a closed jaxpr of its operands (a primitive's
+    decomposition), replaced by its body's equations,
     their variables renamed afresh per call (one jitted helper called twice
     is two copies). `consts`: (var, value) of the bodies' constants;
     `origins`: id(equation) -> the outermost call it came from (its user's
@@ -28,7 +30,7 @@ def inlined(jaxpr, calls=CALLS):
     def walk(body, origin, fresh: bool) -> None:
         for e in body:
             callee = e.params.get("jaxpr", e.params.get("call_jaxpr")) \
-                if e.primitive in calls else None
+                if e.primitive in calls else expand(e) if expand is not None else None
             if callee is None:
                 outvars = e.outvars
                 if fresh:

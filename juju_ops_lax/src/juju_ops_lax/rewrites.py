@@ -20,8 +20,8 @@ equations of a loop body that read only the loop's constants move before
 the loop (`hoist_loop_invariants`).
 
 Some passes run in generated kernels only, on each jaxpr after its calls
-are inlined (codegen/emitter.py), not among the pack's passes: repeats
-merged (`repeats_merged`, XLA's CSE), elementwise work moved below
+are inlined (codegen/emitter.py), not among the pack's passes: dead
+equations dropped (`dead_dropped`), repeats merged (`repeats_merged`, XLA's CSE), elementwise work moved below
 broadcasts (`below_broadcasts`) and above transposes (`above_transposes`,
 then `transposes_folded` into the products). On the whole program the
 first two changed what juju-ops-nn's fused patterns (softmax, layer norm)
@@ -375,6 +375,19 @@ def _key(atom):
         value = np.asarray(atom.val)
         return ("literal", value.dtype.str, value.shape, value.tobytes())
     return atom
+
+
+def dead_dropped(eqns: list, outvars: list) -> list:
+    """`eqns` without the pure equations whose results nothing reads (after
+    inlining: a decomposition that ignores an operand leaves its producer
+    unread); `eqns` itself where none is dead."""
+    live = {v for v in outvars if isinstance(v, Var)}
+    kept = []
+    for e in reversed(eqns):
+        if e.effects or eqn_has_callbacks(e) or any(v in live for v in e.outvars):
+            kept.append(e)
+            live.update(v for v in e.invars if isinstance(v, Var))
+    return eqns if len(kept) == len(eqns) else kept[::-1]
 
 
 def repeats_merged(eqns: list, outvars: list):

@@ -150,9 +150,12 @@ FORWARDING = {prim: call_results if method is call else identity_results
 INLINED = {prim for prim, method in EQUATIONS.items() if method is call}
 
 
-def inlined(jaxpr):
+def inlined(jaxpr, decomposition=None):
     """`juju.inlining.inlined` of the calls this module writes as their
     bodies (`INLINED`: jit, custom_jvp/vjp, remat, at any depth), as XLA
     inlines them: fused runs and reductions then span a library's calls (a
-    loss's `log_sigmoid`, a norm)."""
-    return inlining.inlined(jaxpr, INLINED)
+    loss's `log_sigmoid`, a norm). With `decomposition(eqn)` (the closed
+    jaxpr a primitive without an equation writer is lowered as, or None),
+    those are inlined too: equinox's `select_if_vmap(p, x, y)` is `x`, and
+    `y` is then read by nothing (its copy into a new buffer went each trip)."""
+    return inlining.inlined(jaxpr, INLINED, decomposition)

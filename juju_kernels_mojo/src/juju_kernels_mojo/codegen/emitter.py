@@ -99,9 +99,12 @@ class Emitter:
     def block(self, header: str):
         self.emit(header)
         self.depth += 1
+        start = len(self.lines)
         try:
             yield
         finally:
+            if len(self.lines) == start:  # nothing to do there (a copy onto itself)
+                self.emit("pass")
             self.depth -= 1
 
     def scratch(self, shape, dtype) -> Array:
@@ -261,12 +264,13 @@ class Emitter:
         env = {}
         for var, value in zip([*jaxpr.constvars, *jaxpr.invars], [*consts, *args], strict=True):
             env[var] = value
-        eqns, outvars, inner_consts, origins = control_flow.inlined(jaxpr)
+        eqns, outvars, inner_consts, origins = control_flow.inlined(jaxpr, self.inlinable)
         # Calls inlined: repeats across them merged (slogdet's, det's and
         # lu_factor's LU of one matrix), and elementwise work on broadcasts
         # (jnp's remainder of a broadcast counter, in a call) moved below them,
         # as XLA's CSE and simplifier do.
-        eqns, outvars, _ = lax_rewrites.repeats_merged(eqns, outvars)
+        eqns, outvars, _ = lax_rewrites.repeats_merged(
+            lax_rewrites.dead_dropped(eqns, outvars), outvars)
         eqns = lax_rewrites.below_broadcasts(eqns, outvars)
         # Transposes moved up to the products that read them, and folded.
         eqns = lax_rewrites.transposes_folded(lax_rewrites.above_transposes(eqns, outvars),
@@ -326,9 +330,11 @@ class Emitter:
           (a loop's carry buffer, a cond's output) where nothing reads that
           buffer's old value from this equation on;
         - a while's or scan's carry starts in its initial value's buffer, not
-          a copy of it, where that value was computed in this jaxpr (never an
+          a copy of it, and a cond's result is written over an operand that a
+          branch returns as it is (optimistix's solver steps keep or update a
+          Hessian), where that value was computed in this jaxpr (never an
           input: a loop's constants are read again next trip) and nothing
-          reads it after the loop."""
+          reads it after the equation."""
         if results is not None or len(eqn.outvars) == 0:
             return None
         chosen: dict[int, Array] = {}
@@ -342,11 +348,10 @@ class Emitter:
                         and all(last_use.get(v, -1) < index for v in _holders(env, buffer))):
                     chosen[k] = buffer
                     taken.append(buffer)
-        if eqn.primitive in (P.while_p, P.scan_p):
-            first, count = _carry_span(eqn)
+        if eqn.primitive in (P.while_p, P.scan_p, P.cond_p):
             ins = [read(a) for a in eqn.invars]
-            for k in range(count):
-                buffer = ins[first + k]
+            for k, m in _passed_through(eqn):
+                buffer = ins[m]
                 if (k not in chosen and isinstance(buffer, Array)
                         and _fits(buffer, eqn.outvars[k].aval)
                         and not any(_same(buffer, t) for t in taken)
@@ -437,6 +442,21 @@ class Emitter:
             raise Unsupported(f"primitive {prim.name}")
         for src, dst in zip(self.jaxpr(closed, ins), outs, strict=True):
             self.copy(src, dst)
+
+    def inlinable(self, eqn):
+        """The decomposition of `eqn` inlined into the jaxpr that holds it
+        (`control_flow.inlined`), or None: a primitive without an equation
+        writer, whose values have no parts (complex numbers, key arrays)."""
+        if eqn.primitive in EQUATIONS or FORWARDING.get(eqn.primitive) is not None:
+            return None
+        avals = [v.aval for v in (*eqn.invars, *eqn.outvars)]
+        if any(complex_parts.is_complex(a.dtype) or is_key_dtype(a.dtype) for a in avals):
+            return None
+        try:
+            return self.decomposition(eqn.primitive, [v.aval for v in eqn.invars],
+                                      [v.aval for v in eqn.outvars], eqn.params)
+        except Unsupported:  # written (and refused) where it stands
+            return None
 
     @staticmethod
     def decomposition(prim, avals, out_avals, params):
@@ -593,6 +613,24 @@ def _holders(env, buffer) -> list:
 
 def _fits(buffer, aval) -> bool:
     return buffer.shape == tuple(aval.shape) and buffer.dtype == np.dtype(aval.dtype)
+
+
+def _passed_through(eqn) -> list[tuple[int, int]]:
+    """(result, operand) pairs of a loop or cond whose result may take the
+    operand's buffer: a while's or scan's carries and their initial values;
+    a cond's results that some branch returns as that operand."""
+    if eqn.primitive is not P.cond_p:
+        first, count = _carry_span(eqn)
+        return [(k, first + k) for k in range(count)]
+    returned: dict[int, set] = {}  # operand -> the results branches return it as
+    for branch in eqn.params["branches"]:
+        invars = branch.jaxpr.invars
+        for k, out in enumerate(branch.jaxpr.outvars):
+            for m, v in enumerate(invars):
+                if v is out:
+                    returned.setdefault(1 + m, set()).add(k)  # operand 0: the index
+    # An operand returned as two results would be read after the first is written.
+    return sorted((ks.pop(), m) for m, ks in returned.items() if len(ks) == 1)
 
 
 def _carry_span(eqn) -> tuple[int, int]:
