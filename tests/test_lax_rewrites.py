@@ -478,3 +478,29 @@ def test_one_element_reductions_are_reshapes_and_keep_the_element(kernels, monke
         assert g.dtype == w.dtype and g.shape == w.shape
         np.testing.assert_array_equal(g, w)  # denormals kept, as XLA keeps the element
         np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
+
+
+def boolean_products(x, b, row, column):
+    """Products by booleans converted to floats, where XLA selects (the
+    mask converted as it is, or both factors reshaped alike by jnp's rank
+    promotion) and where it multiplies (a factor broadcast first, or the
+    mask broadcast before its conversion)."""
+    f32 = jnp.float32
+    return (x * b, b * x, x * b.astype(jnp.float16), x * (x > 0), x * b.astype(f32)[None],
+            x * b.astype(jnp.int32).astype(f32), row * b.astype(f32)[None],
+            column * jnp.broadcast_to(b[:, None], column.shape).astype(f32))
+
+
+@pytest.mark.parametrize("kernels", ["1", "0"], ids=["generated kernel", "MAX ops"])
+def test_boolean_products_select_where_xla_selects(kernels, monkeypatch):
+    x = np.array([-3.0, np.nan, np.inf, -np.inf, 2.0, -0.0, 1e-45, 5.0], np.float32)
+    b = np.array([False, False, False, True, True, True, False, True])
+    args = (x, b, x[None], np.repeat(x[:, None], 3, axis=1))
+    monkeypatch.setenv("JUJU_PROGRAM_KERNELS", kernels)
+    got = juju.jit(boolean_products, tiered=False)(*args)
+    want = jax.jit(boolean_products)(*args)
+    for g, w in zip(got, want, strict=True):
+        g, w = juju.to_numpy(g), np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g, w)  # NaN where XLA multiplies, 0 where it selects
+        np.testing.assert_array_equal(np.signbit(g[~np.isnan(w)]), np.signbit(w[~np.isnan(w)]))

@@ -93,6 +93,16 @@ def reshape_params(new_sizes) -> dict:
     return {**_ARITHMETIC_PARAMS["reshape"], "new_sizes": tuple(new_sizes)}
 
 
+def broadcast_params(shape, broadcast_dimensions=()) -> dict:
+    """The params jax gives a `broadcast_in_dim` that a rewrite writes."""
+    if "broadcast_in_dim" not in _ARITHMETIC_PARAMS:
+        make = lambda x: jax.lax.broadcast_in_dim(x, (1,), ())  # noqa: E731
+        _ARITHMETIC_PARAMS["broadcast_in_dim"] = dict(
+            jax.make_jaxpr(make)(np.float32(0)).jaxpr.eqns[0].params)
+    return {**_ARITHMETIC_PARAMS["broadcast_in_dim"], "shape": tuple(shape),
+            "broadcast_dimensions": tuple(broadcast_dimensions)}
+
+
 def canonical_dtype(dtype) -> np.dtype:
     """The dtype jax.jit computes in for an input of `dtype` (x64 aware)."""
     return jax.dtypes.canonicalize_dtype(dtype)

@@ -55,4 +55,5 @@ def juju_jaxpr_rewrites():
                                              rewrites.fold_constant_powers,
                                              rewrites.fold_trivial_selects,
                                              rewrites.fold_one_element_reductions,
+                                             rewrites.fold_boolean_products,
                                              rewrites.hoist_loop_invariants)]

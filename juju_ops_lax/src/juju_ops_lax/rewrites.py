@@ -15,7 +15,7 @@ keeps `x @ w.T` free of a copy (`juju_ops_lax.dot`'s transposed-B form).
 `reduce(broadcast_in_dim(x))` becomes `broadcast_in_dim(reduce(x))`,
 `pow(x, c)` of a known c in (2, 1, -1) becomes `x * x`, `x` and `1 / x`,
 `select_n(p, x, x)` becomes `x`, a reduction over axes of size 1 a
-reshape, and
+reshape, `x * convert(b)` of a boolean b `select_n(b, 0, x)`, and
 equations of a loop body that read only the loop's constants move before
 the loop (`hoist_loop_invariants`).
 
@@ -37,7 +37,8 @@ import numpy as np
 
 from juju import inlining
 from juju import primitives as P
-from juju._compat import ClosedJaxpr, Jaxpr, Literal, Var, arithmetic_params, reshape_params
+from juju._compat import (ClosedJaxpr, Jaxpr, Literal, Var, arithmetic_params, broadcast_params,
+                          reshape_params)
 from juju.callback_lifting import eqn_has_callbacks
 
 
@@ -346,6 +347,69 @@ def fold_trivial_selects(closed: ClosedJaxpr) -> ClosedJaxpr:
         return first if same and first.aval.shape == e.outvars[0].aval.shape else e
 
     return _simplified(closed, simplify)
+
+
+def _unit_reshape_sources(jaxpr) -> dict:
+    """var -> the value it reshapes without moving elements (a reshape, or
+    a broadcast_in_dim that only adds axes of size 1: XLA's bitcasts)."""
+    sources = {}
+    for e in jaxpr.eqns:
+        if e.primitive not in (P.reshape_p, P.broadcast_in_dim_p) or not isinstance(e.invars[0], Var):
+            continue
+        if e.primitive is P.reshape_p and e.params.get("dimensions") is not None:
+            continue
+        if len(e.invars) == 1 and e.invars[0].aval.size == e.outvars[0].aval.size:
+            sources[e.outvars[0]] = e.invars[0]
+    return sources
+
+
+def fold_boolean_products(closed: ClosedJaxpr) -> ClosedJaxpr:
+    """`x * convert(b)` of a boolean `b` of x's shape becomes
+    `select_n(b, 0, x)`, as XLA's algebraic simplifier rewrites it: where b
+    is False the product is +0.0 even for a NaN, an infinity or a negative
+    x (`x * mask` in a masked loss). As XLA moves reshapes after elementwise
+    ops, the same holds when both factors are reshapes of values of one
+    shape (jnp's rank promotion of `x * b[None]`); a real broadcast between
+    them keeps IEEE's product, as under XLA."""
+    jaxpr = closed.jaxpr
+    # XLA moves a convert before a broadcast or reshape of its operand first,
+    # and the product no longer matches.
+    moved = {e.outvars[0] for e in jaxpr.eqns
+             if e.primitive in (P.broadcast_in_dim_p, P.reshape_p)}
+    masks = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns
+             if e.primitive is P.convert_element_type_p and isinstance(e.invars[0], Var)
+             and e.invars[0].aval.dtype == np.bool_ and e.invars[0] not in moved}
+    if not masks:
+        return closed
+    reshaped = _unit_reshape_sources(jaxpr)
+    eqns, changed = [], False
+    for e in jaxpr.eqns:
+        out = e.outvars[0].aval if e.outvars else None
+        if e.primitive is not P.mul_p or np.dtype(out.dtype).kind != "f":
+            eqns.append(e)
+            continue
+        factors = list(e.invars)
+        if not any(v in masks for v in factors) and all(v in reshaped for v in factors):
+            factors = [reshaped[v] for v in factors]  # both reshaped alike: look through
+        mask = next((k for k, v in enumerate(factors) if v in masks), None)
+        if mask is None or factors[0].aval.shape != factors[1].aval.shape:
+            eqns.append(e)
+            continue
+        shape = factors[0].aval.shape
+        zero = Var(out.update(shape=shape, weak_type=False))
+        literal = Literal(np.array(0, out.dtype), out.update(shape=(), weak_type=False))
+        eqns.append(e.replace(primitive=P.broadcast_in_dim_p, invars=[literal], outvars=[zero],
+                              params=broadcast_params(shape)))
+        chosen = e.outvars[0] if shape == out.shape else Var(out.update(shape=shape))
+        eqns.append(e.replace(primitive=P.select_n_p, params={}, outvars=[chosen],
+                              invars=[masks[factors[mask]], zero, factors[1 - mask]]))
+        if chosen is not e.outvars[0]:
+            eqns.append(e.replace(primitive=P.reshape_p, invars=[chosen],
+                                  params=reshape_params(out.shape)))
+        changed = True
+    if not changed:
+        return closed
+    return ClosedJaxpr(jaxpr.replace(eqns=eqns), closed.consts)
 
 
 _REDUCTIONS = (P.reduce_sum_p, P.reduce_prod_p, *_IDEMPOTENT)
