@@ -389,6 +389,9 @@ def fold_boolean_products(closed: ClosedJaxpr) -> ClosedJaxpr:
             eqns.append(e)
             continue
         factors = list(e.invars)
+        if not all(isinstance(v, Var) for v in factors):  # a literal factor: as it is
+            eqns.append(e)
+            continue
         if not any(v in masks for v in factors) and all(v in reshaped for v in factors):
             factors = [reshaped[v] for v in factors]  # both reshaped alike: look through
         mask = next((k for k, v in enumerate(factors) if v in masks), None)
