@@ -4,6 +4,7 @@ compared with jax.jit.
     python3 dev.py fuzz --count 2000            # the long run
     python -m tests.fuzz.run --count 200 --seed 7 --batch 100 --report fuzz.txt
     python -m tests.fuzz.run --count 2000 --rerun fuzz.txt  # the listed ones, after a fix
+    python -m tests.fuzz.run --count 2000 --first 1300  # the rest of a run stopped at 1300
 
 Programs are drawn with hypothesis (fixed seed, generation only), lowered one
 by one (a rule that raises is that program's failure), compiled together in
@@ -349,12 +350,14 @@ def _backend(jitted) -> str:
 
 
 def run(count: int, seed_value: int = 0, batch: int = 100, x64_share: float = 0.25,
-        verbose: bool = True, report=None, rerun=None) -> list[Outcome]:
-    """Draw `count` programs and run them in batches. `rerun`: the text of an
-    earlier report; only the programs it lists run (after a fix)."""
+        verbose: bool = True, report=None, rerun=None, first: int = 0) -> list[Outcome]:
+    """Draw `count` programs and run them in batches, from the `first`-th
+    (a long run resumed). `rerun`: the text of an earlier report; only the
+    programs it lists run (after a fix)."""
     n64 = round(count * x64_share)
     all_programs = draw_programs(count - n64, seed_value) + (
         draw_programs(n64, seed_value + 1, x64=True) if n64 else [])
+    all_programs = all_programs[first:]
     if rerun is not None:
         all_programs = [p for p in all_programs if p.source() + "\n" in rerun]
     outcomes: list[Outcome] = []
@@ -370,7 +373,7 @@ def run(count: int, seed_value: int = 0, batch: int = 100, x64_share: float = 0.
             counts.update({f"ran {b}": sum(o.backend == b for o in outcomes)
                            for b in ("native", "graph")})
             counts["kernel build failures"] = len(fallbacks.messages)
-            print(f"[fuzz] {len(outcomes)}/{len(all_programs)} programs "
+            print(f"[fuzz] {first + len(outcomes)}/{first + len(all_programs)} programs "
                   f"({time.time() - t0:.0f} s for this batch): {counts}", flush=True)
             for o in part:
                 if o.status == "fail":
@@ -408,6 +411,9 @@ def main(argv=None) -> int:
                         help="JUJU_PROGRAM_KERNELS for the run (default: the environment's, "
                              "on unless set): on, a program the generator writes runs as one "
                              "native kernel; off, every program is a MAX graph")
+    parser.add_argument("--first", type=int, default=0,
+                        help="skip the programs before this one of the draw (resume a run "
+                             "that printed '[fuzz] K/...' at its last batch with --first K)")
     parser.add_argument("--report", help="append failing and known programs to this file")
     parser.add_argument("--rerun", metavar="REPORT",
                         help="run only the programs an earlier --report listed (same "
@@ -418,7 +424,7 @@ def main(argv=None) -> int:
     rerun = open(args.rerun).read() if args.rerun else None
     try:
         outcomes = run(args.count, args.seed, args.batch, args.x64_share, report=args.report,
-                       rerun=rerun)
+                       rerun=rerun, first=args.first)
     except Exception:  # noqa: BLE001 - reported, and the exit status says so
         traceback.print_exc()
         return 2
