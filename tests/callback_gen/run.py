@@ -326,6 +326,11 @@ def select(args) -> list[C.Case]:
         with open(args.rerun) as f:
             wanted = {line.split()[0] for line in f if line.strip() and not line.startswith("#")}
         cases = [c for c in cases if c.name in wanted]
+    if args.part:
+        k, n = (int(x) for x in args.part.split("/"))
+        if not 1 <= k <= n:
+            raise SystemExit(f"--part {args.part}: K/N with 1 <= K <= N, e.g. 1/4")
+        cases = cases[k - 1::n]  # every n-th: each part holds every kind and nest
     return cases
 
 
@@ -334,6 +339,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--slice", action="store_true", help="only CI's slice")
     parser.add_argument("--match", help="only cases whose name holds this glob")
     parser.add_argument("--rerun", help="only the cases a --report file lists")
+    parser.add_argument("--part", metavar="K/N",
+                        help="the K-th of N interleaved parts of the cases (a full run "
+                             "made as N runs, each with its own --report)")
     parser.add_argument("--batch", type=int, default=50, help="cases a program")
     parser.add_argument("--report", help="write failing cases here, one a line")
     parser.add_argument("--list", action="store_true", help="print the cases and stop")
