@@ -640,24 +640,26 @@ def test_results_are_computed_where_they_are_passed_to():
     assert_same(got, want, rtol=1e-6, atol=1e-6)
 
 
-def _kept_or_updated(h, v):
-    """optimistix's solver step: an equinox while loop (each carry passes
-    through `select_if_vmap`, whose decomposition ignores one operand) whose
-    body's cond keeps a matrix as it is or updates it by a rank-1 term,
-    after a product has read it."""
-    import equinox.internal as eqxi
+def _kept_or_updated(loop):
+    """optimistix's solver step: a while loop whose body's cond keeps a
+    matrix as it is or updates it by a rank-1 term after a product has read
+    it; `loop` is lax's while_loop or equinox's (each carry of which passes
+    through `select_if_vmap`, whose decomposition ignores one operand)."""
+    def program(h, v):
+        def body(carry):
+            i, h = carry
+            s = h @ v
+            h = lax.cond(jnp.dot(s, v) > i, lambda h: h,
+                         lambda h: h + 1e-3 * jnp.outer(s, s) - 1e-4 * h, h)
+            return i + 1.0, h
 
-    def body(carry):
-        i, h = carry
-        s = h @ v
-        h = lax.cond(jnp.dot(s, v) > i, lambda h: h,
-                     lambda h: h + 1e-3 * jnp.outer(s, s) - 1e-4 * h, h)
-        return i + 1.0, h
+        return loop(lambda c: c[0] < 6, body, (0.0, h))
 
-    return eqxi.while_loop(lambda c: c[0] < 6, body, (0.0, h), max_steps=8, kind="lax")
+    return program
 
 
-def test_a_cond_that_keeps_an_operand_writes_over_it():
+@pytest.mark.parametrize("loop", ["lax", "equinox"])
+def test_a_cond_that_keeps_an_operand_writes_over_it(loop):
     """A cond result that one branch returns as its operand takes that
     operand's buffer where nothing reads it after the cond (the other branch
     updates it in place once the product has read it), and an operand that
@@ -665,9 +667,15 @@ def test_a_cond_that_keeps_an_operand_writes_over_it():
     trip; the values are jax.jit's."""
     import re
 
+    if loop == "equinox":
+        eqxi = pytest.importorskip("equinox.internal")
+        program = _kept_or_updated(
+            lambda c, b, x: eqxi.while_loop(c, b, x, max_steps=8, kind="lax"))
+    else:
+        program = _kept_or_updated(lax.while_loop)
     h = (np.eye(64) + 0.01 * rng.standard_normal((64, 64))).astype(np.float32)
     v = rng.standard_normal(64).astype(np.float32) * 0.1
-    lines = _program_source(_kept_or_updated, h, v).splitlines()
+    lines = _program_source(program, h, v).splitlines()
     start = next(i for i, line in enumerate(lines) if line.strip() == "while True:")
     depth = len(lines[start]) - len(lines[start].lstrip())
     body = []
@@ -677,8 +685,7 @@ def test_a_cond_that_keeps_an_operand_writes_over_it():
         body.append(line)
     copy = re.compile(r"unsafe_store\(p_\w+\.unsafe_offset\([^()]*\)\.unsafe_load\[width=\d+\]\(\)\)$")
     assert not any(copy.search(line) for line in body), "\n".join(body)
-    got, want = juju.jit(_kept_or_updated)(h, v), jax.jit(_kept_or_updated)(h, v)
-    assert_same(got, want, rtol=1e-6, atol=1e-6)
+    assert_same(juju.jit(program)(h, v), jax.jit(program)(h, v), rtol=1e-6, atol=1e-6)
 
 
 def _rows_gathered_and_scattered(x, idx):
