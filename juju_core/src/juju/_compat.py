@@ -68,38 +68,37 @@ def python_scalar_dtype(value) -> np.dtype:
     raise TypeError(f"not a Python scalar: {type(value).__name__}")
 
 
-_ARITHMETIC_PARAMS: dict = {}
+_TRACED_PARAMS: dict = {}
+
+
+def _traced_params(key, make) -> dict:
+    """The params of the one equation jax traces `make(np.float32(0))` to,
+    once per `key`: what this jax release gives the equations a rewrite
+    writes (their names and defaults vary between releases)."""
+    if key not in _TRACED_PARAMS:
+        _TRACED_PARAMS[key] = dict(jax.make_jaxpr(make)(np.float32(0)).jaxpr.eqns[0].params)
+    return dict(_TRACED_PARAMS[key])
 
 
 def arithmetic_params(primitive) -> dict:
     """The params jax gives an equation of `primitive` (mul, div, ...) that
     a rewrite writes: jax 0.10's mul has `out_dtype`, other releases not."""
-    if primitive not in _ARITHMETIC_PARAMS:
-        from jax import lax
+    from jax import lax
 
-        fns = {"mul": lax.mul, "div": lax.div, "add": lax.add, "sub": lax.sub}
-        one = np.float32(1)
-        jaxpr = jax.make_jaxpr(fns[primitive.name])(one, one).jaxpr
-        _ARITHMETIC_PARAMS[primitive] = dict(jaxpr.eqns[0].params)
-    return dict(_ARITHMETIC_PARAMS[primitive])
+    fns = {"mul": lax.mul, "div": lax.div, "add": lax.add, "sub": lax.sub}
+    return _traced_params(primitive, lambda x: fns[primitive.name](x, x))
 
 
 def reshape_params(new_sizes) -> dict:
-    """The params jax gives a `reshape` to `new_sizes` that a rewrite
-    writes (their names and defaults vary between releases)."""
-    if "reshape" not in _ARITHMETIC_PARAMS:
-        jaxpr = jax.make_jaxpr(lambda x: jax.lax.reshape(x, (1,)))(np.float32(0)).jaxpr
-        _ARITHMETIC_PARAMS["reshape"] = dict(jaxpr.eqns[0].params)
-    return {**_ARITHMETIC_PARAMS["reshape"], "new_sizes": tuple(new_sizes)}
+    """The params jax gives a `reshape` to `new_sizes` that a rewrite writes."""
+    return {**_traced_params("reshape", lambda x: jax.lax.reshape(x, (1,))),
+            "new_sizes": tuple(new_sizes)}
 
 
 def broadcast_params(shape, broadcast_dimensions=()) -> dict:
     """The params jax gives a `broadcast_in_dim` that a rewrite writes."""
-    if "broadcast_in_dim" not in _ARITHMETIC_PARAMS:
-        make = lambda x: jax.lax.broadcast_in_dim(x, (1,), ())  # noqa: E731
-        _ARITHMETIC_PARAMS["broadcast_in_dim"] = dict(
-            jax.make_jaxpr(make)(np.float32(0)).jaxpr.eqns[0].params)
-    return {**_ARITHMETIC_PARAMS["broadcast_in_dim"], "shape": tuple(shape),
+    make = lambda x: jax.lax.broadcast_in_dim(x, (1,), ())  # noqa: E731
+    return {**_traced_params("broadcast_in_dim", make), "shape": tuple(shape),
             "broadcast_dimensions": tuple(broadcast_dimensions)}
 
 

@@ -530,13 +530,7 @@ def _moved_across(eqns: list, outvars, move, is_source) -> list:
         changed = True
     if not changed:
         return eqns
-    read = {a for a in outvars if isinstance(a, Var)}
-    kept = []
-    for e in reversed(out):  # unread pure equations (the old sources) dropped
-        if e.effects or any(v in read for v in e.outvars) or eqn_has_callbacks(e):
-            kept.append(e)
-            read.update(a for a in e.invars if isinstance(a, Var))
-    return kept[::-1]
+    return dead_dropped(out, outvars)  # the old sources, unread now
 
 
 def above_transposes(eqns: list, outvars) -> list:

@@ -447,7 +447,7 @@ class Emitter:
         """The decomposition of `eqn` inlined into the jaxpr that holds it
         (`control_flow.inlined`), or None: a primitive without an equation
         writer, whose values have no parts (complex numbers, key arrays)."""
-        if eqn.primitive in EQUATIONS or FORWARDING.get(eqn.primitive) is not None:
+        if eqn.primitive in EQUATIONS:  # FORWARDING's primitives are among them
             return None
         avals = [v.aval for v in (*eqn.invars, *eqn.outvars)]
         if any(complex_parts.is_complex(a.dtype) or is_key_dtype(a.dtype) for a in avals):
