@@ -60,3 +60,23 @@ def test_full_run():
     failed = [o for o in run_cases(C.all_cases()) if o.status == "fail"]
     assert not failed, "\n".join(f"{o.case.name} at {o.stage}: {o.detail[:300]}"
                                  for o in failed[:20])
+
+
+#: Cases of the full run that fail today (docs/callbacks.md, "Part 1 of 10").
+KNOWN_FAILURES = {
+    "vmap.jacfwd/while/pure": "a dead while carry's pure callback runs; XLA drops it "
+                              "(juju has no DCE of dead while carries)",
+    "vmap.jacfwd/jit.while/guard": "the same: a dead while carry's guarded callback runs",
+    "vmap.grad/checkpoint.switch.cond/eqx": "MAX fails to compile the graph juju builds "
+                                            "(a typed CompileError)",
+}
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("name", sorted(KNOWN_FAILURES))
+def test_known_failures_of_the_full_run(name):
+    (case,) = [c for c in C.all_cases() if c.name == name]
+    (outcome,) = run_cases([case], batch=1)
+    if outcome.status == "fail":
+        pytest.xfail(KNOWN_FAILURES[name])
+    _assert_passes(outcome)
